@@ -1,0 +1,58 @@
+"""One process of the restart A/B: run a workload's calls, print counters as JSON.
+
+    python bench/_restart_child.py WORKLOAD BACKEND
+
+The environment (cache dir, job id, flag) is set by restart_ab.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch._dynamo.utils as dynamo_utils
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workloads import WORKLOADS  # noqa: E402
+
+
+def main(workload_name: str, backend: str) -> dict:
+    workload = WORKLOADS[workload_name]
+    compiled = torch.compile(workload.fn, backend=backend)
+    gen = torch.Generator().manual_seed(0)
+    for call in workload.calls:
+        compiled(*workload.make_args(call, gen))
+
+    metrics = [m for m in dynamo_utils.get_compilation_metrics() if m.has_guarded_code]
+    result = {
+        "compiles": len(metrics),
+        "recompiles": sum(1 for m in metrics if m.recompile_reason),
+        "compile_s": sum(m.entire_frame_compile_time_s or 0.0 for m in metrics),
+        "matches_eager": matches_eager(workload, compiled),
+    }
+    for group, names in (
+        ("inductor", ("fxgraph_cache_hit", "fxgraph_cache_miss")),
+        ("aot_autograd", ("autograd_cache_hit", "autograd_cache_miss")),
+    ):
+        for name in names:
+            result[name] = dynamo_utils.counters[group][name]
+    return result
+
+
+def matches_eager(workload, compiled) -> bool:
+    """The compiled function equals eager on fresh inputs of every call's shape."""
+    gen = torch.Generator().manual_seed(1234)
+    for call in workload.calls:
+        args = workload.make_args(call, gen)
+        got, want = compiled(*args), workload.fn(*args)
+        if not all(torch.allclose(g, w, rtol=1e-4, atol=1e-5)
+                   for g, w in zip(torch.utils._pytree.tree_leaves(got),
+                                   torch.utils._pytree.tree_leaves(want))):
+            return False
+    return True
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1], sys.argv[2])))

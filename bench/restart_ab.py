@@ -1,0 +1,136 @@
+"""Cross-restart A/B: does a restarted process find its compiled graphs in the caches?
+
+For each workload and each flag setting (off, on), two fresh processes share one
+new cache directory (TORCHINDUCTOR_CACHE_DIR): a cold one, then a warm one, each
+making the same calls.  The warm process's counters say whether the restart
+reused the cold work.  Flag off and flag on run in the same invocation, so the
+ratios compare like with like on a noisy machine.
+
+    python bench/restart_ab.py                # all workloads, inductor
+    python bench/restart_ab.py --workloads seed --backend aot_eager
+
+Writes bench/out/restart_ab.json and bench/out/restart_ab.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE / "out"
+# Upstream PGO reads and writes profiles only when a job id is set.
+JOB_ID = "stableguards-restart-ab"
+
+
+def run_child(workload: str, backend: str, flag: bool, cache_dir: str, extra_env: dict) -> dict:
+    env = dict(os.environ)
+    env.update(
+        TORCHINDUCTOR_CACHE_DIR=cache_dir,
+        TORCH_COMPILE_JOB_ID=JOB_ID,
+        TORCHDYNAMO_STABLE_GUARDS="1" if flag else "0",
+        PYTHONHASHSEED="random",
+    )
+    env.update(extra_env)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "_restart_child.py"), workload, backend],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{workload} child failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def measure(workload: str, backend: str, flag: bool, extra_env: dict) -> dict:
+    with tempfile.TemporaryDirectory(prefix="sg-ab-") as cache_dir:
+        cold = run_child(workload, backend, flag, cache_dir, extra_env)
+        warm = run_child(workload, backend, flag, cache_dir, extra_env)
+    return {"workload": workload, "flag": "on" if flag else "off", "cold": cold, "warm": warm}
+
+
+COLUMNS = (
+    ("flag", lambda r: r["flag"]),
+    ("fx hit", lambda r: r["warm"]["fxgraph_cache_hit"]),
+    ("fx miss", lambda r: r["warm"]["fxgraph_cache_miss"]),
+    ("aot hit", lambda r: r["warm"]["autograd_cache_hit"]),
+    ("aot miss", lambda r: r["warm"]["autograd_cache_miss"]),
+    ("compiles", lambda r: r["warm"]["compiles"]),
+    ("recompiles", lambda r: r["warm"]["recompiles"]),
+    ("cold s", lambda r: f"{r['cold']['compile_s']:.2f}"),
+    ("warm s", lambda r: f"{r['warm']['compile_s']:.2f}"),
+    ("warm/cold", lambda r: f"{r['warm']['compile_s'] / r['cold']['compile_s']:.2f}"),
+    ("warm==eager", lambda r: "yes" if r["warm"]["matches_eager"] else "NO"),
+)
+
+
+def format_table(workload: str, rows: list[dict]) -> str:
+    cells = [[name for name, _ in COLUMNS]] + [[str(get(r)) for _, get in COLUMNS] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    lines = [f"== {workload} (warm run; compile seconds cold and warm)"]
+    for row in cells:
+        lines.append("  ".join(cell.rjust(width) for cell, width in zip(row, widths)))
+    return "\n".join(lines)
+
+
+def draw_chart(rows: list[dict], path: Path) -> bool:
+    """Warm compile seconds, flag off vs on, per workload; False if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    workloads = sorted({r["workload"] for r in rows}, key=[r["workload"] for r in rows].index)
+    warm = {(r["workload"], r["flag"]): r["warm"]["compile_s"] for r in rows}
+    fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(workloads), 3.6))
+    xs = range(len(workloads))
+    for offset, flag, colour in ((-0.2, "off", "#b0b0b0"), (0.2, "on", "#2a7ab9")):
+        ax.bar([x + offset for x in xs], [warm[(w, flag)] for w in workloads], width=0.4,
+               label=f"flag {flag}", color=colour)
+    ax.set_xticks(list(xs), workloads)
+    ax.set_ylabel("warm-restart compile seconds")
+    ax.set_title("stableguards: warm restart compile time")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    from workloads import WORKLOADS
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--backend", default="inductor")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="extra environment for the child processes (both flag settings)")
+    args = parser.parse_args(argv)
+    extra_env = dict(item.split("=", 1) for item in args.env)
+
+    rows = []
+    for workload in args.workloads:
+        pair = [measure(workload, args.backend, flag, extra_env) for flag in (False, True)]
+        print(format_table(workload, pair), flush=True)
+        print(flush=True)
+        rows += pair
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "restart_ab.json").write_text(json.dumps(rows, indent=2))
+    charted = draw_chart(rows, args.out / "restart_ab.png")
+    print(f"rows: {args.out / 'restart_ab.json'}"
+          + (f", chart: {args.out / 'restart_ab.png'}" if charted else " (no matplotlib: no chart)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""The flag, the hooks and their failure modes, through real Dynamo compiles (eager backend)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch._dynamo
+
+import stableguards
+from stableguards import integration
+from stableguards.symbols import home_slot
+
+
+def graph_symbols(fn, *args) -> list[str]:
+    """Symbols (SymInt/SymFloat values) in the graph Dynamo builds for ``fn``, in node order."""
+    names: list[str] = []
+
+    def backend(gm, example_inputs):
+        names.extend(str(n.meta["example_value"]) for n in gm.graph.nodes
+                     if isinstance(n.meta.get("example_value"), (torch.SymInt, torch.SymFloat)))
+        return gm.forward
+
+    torch.compile(fn, backend=backend, dynamic=True)(*args)
+    return names
+
+
+def upstream_id(source_name: str) -> int:
+    return int(hashlib.sha256(source_name.encode()).hexdigest(), 16) % 100
+
+
+def add(x, y):
+    return x.sum() + y.sum()
+
+
+def run(code: str, **env: str) -> str:
+    full_env = {k: v for k, v in os.environ.items() if k != integration.ENV_VAR}
+    full_env.update(env)
+    proc = subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True,
+                          text=True, check=True)
+    return proc.stdout.strip()
+
+
+def test_flag_exists_after_plain_import_torch_without_loading_dynamo():
+    out = run("import sys, torch\n"
+              "print('torch._dynamo' in sys.modules)\n"
+              "import torch._dynamo.config as c\n"
+              "print(c.stable_guards)")
+    assert out.split() == ["False", "False"]
+
+
+def test_environment_variable_turns_the_flag_on():
+    code = "import torch._dynamo.config as c; print(c.stable_guards)"
+    assert run(code, TORCHDYNAMO_STABLE_GUARDS="1") == "True"
+    assert run(code, TORCHDYNAMO_STABLE_GUARDS="0") == "False"
+
+
+def test_flag_works_with_config_patch_and_defaults_off():
+    assert torch._dynamo.config.stable_guards is False
+    with torch._dynamo.config.patch(stable_guards=True):
+        assert torch._dynamo.config.stable_guards is True
+    assert torch._dynamo.config.stable_guards is False
+
+
+def test_flag_off_keeps_upstream_symbol_names(fresh_dynamo):
+    names = graph_symbols(add, torch.randn(3), torch.randn(4))
+    assert names == [f"s{upstream_id(src)}" for src in ("L['x'].size()[0]", "L['y'].size()[0]")]
+
+
+def test_flag_on_gives_stable_names_and_flipping_takes_effect_next_compile(fresh_dynamo):
+    with torch._dynamo.config.patch(stable_guards=True):
+        on = graph_symbols(add, torch.randn(3), torch.randn(4))
+    torch._dynamo.reset()
+    off = graph_symbols(add, torch.randn(3), torch.randn(4))
+    assert on == [f"s{home_slot(src)}" for src in ("L['x'].size()[0]", "L['y'].size()[0]")]
+    assert off == [f"s{upstream_id(src)}" for src in ("L['x'].size()[0]", "L['y'].size()[0]")]
+
+
+SOURCE_F = "L['f']"
+
+
+def scale(x, f):
+    return x * f
+
+
+def test_float_symbols_use_the_stable_allocator_too(fresh_dynamo):
+    with torch._dynamo.config.patch(stable_guards=True, specialize_float=False):
+        names = graph_symbols(scale, torch.randn(3), 2.5)
+    assert f"zf{home_slot(SOURCE_F)}" in names
+
+
+def test_an_internal_error_warns_once_and_falls_back(fresh_dynamo, monkeypatch, caplog):
+    def broken(*args):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(integration.MANAGER, "symbol_id", broken)
+    integration._warned.discard("symbol ids")
+    before = integration.MANAGER.counters["fallbacks"]
+    with caplog.at_level(logging.WARNING, logger="stableguards"), \
+            torch._dynamo.config.patch(stable_guards=True):
+        names = graph_symbols(add, torch.randn(3), torch.randn(4))
+        torch._dynamo.reset()
+        graph_symbols(add, torch.randn(5), torch.randn(6))
+    assert names == [f"s{upstream_id(src)}" for src in ("L['x'].size()[0]", "L['y'].size()[0]")]
+    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
+    assert "injected" in caplog.records[0].message
+    assert integration.MANAGER.counters["fallbacks"] - before == 4
+    assert "injected" in stableguards.explain()
+
+
+def test_an_unsupported_torch_warns_once_and_hooks_nothing(monkeypatch, caplog):
+    integration.uninstall()
+    try:
+        monkeypatch.setattr(torch, "__version__", "2.14.0")
+        integration._warned.discard("version")
+        with caplog.at_level(logging.WARNING, logger="stableguards"):
+            integration.install()
+            integration.install()
+        assert integration._originals == {}
+        assert len(caplog.records) == 1 and "2.14.0" in caplog.records[0].message
+        assert torch._dynamo.config.stable_guards is False  # the flag still exists
+    finally:
+        monkeypatch.undo()
+        integration.install()
+    assert integration._originals
+
+
+def test_uninstall_restores_upstream(fresh_dynamo):
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    hooked = ShapeEnv._generate_unique_id
+    integration.uninstall()
+    try:
+        assert ShapeEnv._generate_unique_id is not hooked
+        with torch._dynamo.config.patch(stable_guards=True):
+            names = graph_symbols(add, torch.randn(3), torch.randn(4))
+        assert names == [f"s{upstream_id(src)}" for src in ("L['x'].size()[0]", "L['y'].size()[0]")]
+    finally:
+        integration.install()

@@ -1,10 +1,11 @@
 """Cross-restart A/B: does a restarted process find its compiled graphs in the caches?
 
-For each workload and each flag setting (off, on), two fresh processes share one
-new cache directory (TORCHINDUCTOR_CACHE_DIR): a cold one, then a warm one, each
-making the same calls.  The warm process's counters say whether the restart
-reused the cold work.  Flag off and flag on run in the same invocation, so the
-ratios compare like with like on a noisy machine.
+For each workload and each configuration (flag off; flag on; flag on with the
+stable symbol allocator left to torch), two fresh processes share one new cache
+directory (TORCHINDUCTOR_CACHE_DIR): a cold one, then a warm one, each making
+the same calls.  The warm process's counters say whether the restart reused the
+cold work.  All configurations run in the same invocation, so the ratios compare
+like with like on a noisy machine.
 
     python bench/restart_ab.py                # all workloads, inductor
     python bench/restart_ab.py --workloads seed --backend aot_eager
@@ -26,17 +27,21 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "out"
 # Upstream PGO reads and writes profiles only when a job id is set.
 JOB_ID = "stableguards-restart-ab"
+CONFIGS = {
+    "off": {"TORCHDYNAMO_STABLE_GUARDS": "0"},
+    "on": {"TORCHDYNAMO_STABLE_GUARDS": "1"},
+    "on, symbols off": {"TORCHDYNAMO_STABLE_GUARDS": "1", "STABLEGUARDS_DISABLE": "symbols"},
+}
 
 
-def run_child(workload: str, backend: str, flag: bool, cache_dir: str, extra_env: dict) -> dict:
+def run_child(workload: str, backend: str, cache_dir: str, env_overrides: dict) -> dict:
     env = dict(os.environ)
     env.update(
         TORCHINDUCTOR_CACHE_DIR=cache_dir,
         TORCH_COMPILE_JOB_ID=JOB_ID,
-        TORCHDYNAMO_STABLE_GUARDS="1" if flag else "0",
         PYTHONHASHSEED="random",
     )
-    env.update(extra_env)
+    env.update(env_overrides)
     proc = subprocess.run(
         [sys.executable, str(HERE / "_restart_child.py"), workload, backend],
         env=env,
@@ -48,15 +53,16 @@ def run_child(workload: str, backend: str, flag: bool, cache_dir: str, extra_env
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def measure(workload: str, backend: str, flag: bool, extra_env: dict) -> dict:
+def measure(workload: str, backend: str, config: str, extra_env: dict | None = None) -> dict:
+    env = {**CONFIGS[config], **(extra_env or {})}
     with tempfile.TemporaryDirectory(prefix="sg-ab-") as cache_dir:
-        cold = run_child(workload, backend, flag, cache_dir, extra_env)
-        warm = run_child(workload, backend, flag, cache_dir, extra_env)
-    return {"workload": workload, "flag": "on" if flag else "off", "cold": cold, "warm": warm}
+        cold = run_child(workload, backend, cache_dir, env)
+        warm = run_child(workload, backend, cache_dir, env)
+    return {"workload": workload, "config": config, "cold": cold, "warm": warm}
 
 
 COLUMNS = (
-    ("flag", lambda r: r["flag"]),
+    ("config", lambda r: r["config"]),
     ("fx hit", lambda r: r["warm"]["fxgraph_cache_hit"]),
     ("fx miss", lambda r: r["warm"]["fxgraph_cache_miss"]),
     ("aot hit", lambda r: r["warm"]["autograd_cache_hit"]),
@@ -80,7 +86,7 @@ def format_table(workload: str, rows: list[dict]) -> str:
 
 
 def draw_chart(rows: list[dict], path: Path) -> bool:
-    """Warm compile seconds, flag off vs on, per workload; False if matplotlib is missing."""
+    """Warm compile seconds per workload and configuration; False if matplotlib is missing."""
     try:
         import matplotlib
 
@@ -89,13 +95,16 @@ def draw_chart(rows: list[dict], path: Path) -> bool:
     except ImportError:
         return False
     workloads = sorted({r["workload"] for r in rows}, key=[r["workload"] for r in rows].index)
-    warm = {(r["workload"], r["flag"]): r["warm"]["compile_s"] for r in rows}
-    fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(workloads), 3.6))
-    xs = range(len(workloads))
-    for offset, flag, colour in ((-0.2, "off", "#b0b0b0"), (0.2, "on", "#2a7ab9")):
-        ax.bar([x + offset for x in xs], [warm[(w, flag)] for w in workloads], width=0.4,
-               label=f"flag {flag}", color=colour)
-    ax.set_xticks(list(xs), workloads)
+    configs = sorted({r["config"] for r in rows}, key=list(CONFIGS).index)
+    warm = {(r["workload"], r["config"]): r["warm"]["compile_s"] for r in rows}
+    fig, ax = plt.subplots(figsize=(1.8 + 1.8 * len(workloads), 3.6))
+    width = 0.8 / len(configs)
+    colours = {"off": "#b0b0b0", "on": "#2a7ab9", "on, symbols off": "#8cc0e6"}
+    for i, config in enumerate(configs):
+        ax.bar([x - 0.4 + width * (i + 0.5) for x in range(len(workloads))],
+               [warm[(w, config)] for w in workloads], width=width,
+               label=f"flag {config}", color=colours[config])
+    ax.set_xticks(list(range(len(workloads))), workloads)
     ax.set_ylabel("warm-restart compile seconds")
     ax.set_title("stableguards: warm restart compile time")
     ax.legend()
@@ -110,19 +119,20 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--backend", default="inductor")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                        help="extra environment for the child processes (both flag settings)")
+                        help="extra environment for the child processes (every configuration)")
     args = parser.parse_args(argv)
     extra_env = dict(item.split("=", 1) for item in args.env)
 
     rows = []
     for workload in args.workloads:
-        pair = [measure(workload, args.backend, flag, extra_env) for flag in (False, True)]
-        print(format_table(workload, pair), flush=True)
+        group = [measure(workload, args.backend, config, extra_env) for config in args.configs]
+        print(format_table(workload, group), flush=True)
         print(flush=True)
-        rows += pair
+        rows += group
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "restart_ab.json").write_text(json.dumps(rows, indent=2))
     charted = draw_chart(rows, args.out / "restart_ab.png")

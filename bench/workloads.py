@@ -143,4 +143,34 @@ LIST = Workload(
 )
 
 
-WORKLOADS = {w.name: w for w in (SEED, DICT, LIST)}
+# --- a closure: its code identity must survive the restart ---------------------
+#
+# torch 2.13 tells closures apart by hash() of their cells, which differs from
+# one process to the next, so a compiled closure never finds its profile: the
+# warm process compiles static first and recompiles, as if cold.
+
+
+def _make_closure():
+    def activation(t):
+        return t.relu() * 2
+
+    def closure_fn(x):
+        return activation(x).sum() + x.shape[0]
+
+    return closure_fn
+
+
+def _closure_args(call, gen):
+    return (torch.randn(call, generator=gen),)
+
+
+CLOSURE = Workload(
+    "closure",
+    "a closure over a helper function; its sizes vary",
+    _make_closure(),
+    (8, 9, 10),
+    _closure_args,
+)
+
+
+WORKLOADS = {w.name: w for w in (SEED, DICT, LIST, CLOSURE)}

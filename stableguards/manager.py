@@ -12,6 +12,9 @@ import weakref
 from collections import Counter, deque
 from dataclasses import dataclass
 
+from stableguards.pgo.profile import Profile
+from stableguards.pgo.session import ProfileSession, specialized_sources
+from stableguards.pgo.store import ProfileStore
 from stableguards.symbols import DEFAULT_ID_SPACE, allocate
 
 # Explanations are kept for the most recent events only: a long-running job
@@ -50,17 +53,35 @@ class Fallback:
         return f"hook {self.hook!r} failed ({self.error}); torch's own behaviour was used"
 
 
-class GuardManager:
-    """Allocates stable symbol ids, keeps counters, and explains what happened."""
+@dataclass(frozen=True)
+class Note:
+    """Something worth telling a user who asks why a restart behaved as it did."""
 
-    def __init__(self, id_space: int = DEFAULT_ID_SPACE) -> None:
+    text: str
+
+    def describe(self) -> str:
+        return self.text
+
+
+class GuardManager:
+    """Allocates stable symbol ids, keeps profiles, counts, and explains what happened."""
+
+    def __init__(self, id_space: int = DEFAULT_ID_SPACE, disabled: str = "") -> None:
         self.id_space = id_space
+        # Parts left to torch while the flag is on, e.g. {"symbols"}.
+        self.disabled = frozenset(p.strip() for p in disabled.split(",") if p.strip())
         self.counters: Counter[str] = Counter()
-        self._events: deque[Collision | Fallback] = deque(maxlen=_MAX_EVENTS)
+        self._events: deque[Collision | Fallback | Note] = deque(maxlen=_MAX_EVENTS)
+        # The profile of the current process, opened at the first compile.
+        self.profile: ProfileSession | None = None
         # Which source holds each id, per scope (a ShapeEnv under Dynamo), so a
         # collision can name the source it collided with.  Weak, so a finished
         # compile's scope and table go away together.
         self._holders: weakref.WeakKeyDictionary[object, dict[int, str]] = (
+            weakref.WeakKeyDictionary()
+        )
+        # Why each symbol was replaced, per scope: the ShapeEnv logs it but keeps nothing.
+        self._reasons: weakref.WeakKeyDictionary[object, dict[str, set[str]]] = (
             weakref.WeakKeyDictionary()
         )
 
@@ -85,6 +106,39 @@ class GuardManager:
             )
         return allocation.id
 
+    def open_profile(self, store: ProfileStore, key: str) -> Profile:
+        """Start this process's profile session and load what the store holds."""
+        self.profile = ProfileSession(store, key, self.counters)
+        loaded = self.profile.load()
+        where = store.describe(key)
+        if not loaded.frames:
+            self._events.append(Note(f"profile {where}: none yet, compiling cold"))
+            return loaded
+        self._events.append(Note(
+            f"profile {where}: loaded {len(loaded)} source(s) in {len(loaded.frames)} frame(s)"))
+        self._note_specialized(specialized_sources(loaded), "starts static (was specialized)")
+        return loaded
+
+    def save_profile(self, observed: Profile) -> None:
+        """Merge what Dynamo observed, resolved by the compile outcomes, into the store."""
+        if self.profile is None:
+            return
+        before = specialized_sources(self.profile.known)
+        if self.profile.save(observed):
+            self._note_specialized(specialized_sources(self.profile.known) - before,
+                                   "recorded as specialized, not dynamic")
+
+    def note_replacement(self, scope: object, symbol: str, reason: str) -> None:
+        self._reasons.setdefault(scope, {}).setdefault(symbol, set()).add(reason)
+
+    def replacement_reasons(self, scope: object, symbol: str) -> set[str]:
+        return self._reasons.get(scope, {}).get(symbol, set())
+
+    def _note_specialized(self, found: set, what: str) -> None:
+        for code, source, dim in sorted(found, key=lambda f: (f[0].sort_key(), f[1], str(f[2]))):
+            self._events.append(Note(f"source {source!r} of {code.name} at "
+                                     f"{code.filename}:{code.firstlineno} {what}: {dim}"))
+
     def record_fallback(self, hook: str, error: BaseException) -> None:
         """Count a hook that failed open; the caller has already fallen back."""
         self.counters["fallbacks"] += 1
@@ -93,6 +147,8 @@ class GuardManager:
     def explain(self) -> str:
         """Counters so far and, newest last, the events that make a restart miss or differ."""
         lines = ["stableguards: " + (_format_counters(self.counters) or "nothing recorded yet")]
+        if self.disabled:
+            lines.append("  parts left to torch (STABLEGUARDS_DISABLE): " + ", ".join(sorted(self.disabled)))
         lines += ["  " + event.describe() for event in self._events]
         return "\n".join(lines)
 

@@ -1,0 +1,92 @@
+"""Read and write time of a 1,000-source profile, local directory and Redis.
+
+    python bench/pgo_io.py [--redis URL]
+
+The profile has 10 frames of 100 two-dimensional tensor sources.  Rows compare
+with upstream's format (a pickle of torch's FrameStateSizeEntry objects, what
+torch 2.13 writes and reads) on the same state, in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+
+from stableguards.pgo.profile import DYNAMIC, CodeKey, Profile, SourceEntry, specialized, static
+from stableguards.pgo.store import LocalStore, decode, encode
+
+ROUNDS = 21
+
+
+def make_profile(frames: int = 10, per_frame: int = 100) -> Profile:
+    return Profile({
+        CodeKey(f"{f:08x}", 10 + f, f"step_{f}", None, "train.py"): {
+            f"L['batch'][{i}]": SourceEntry(
+                DYNAMIC,
+                (DYNAMIC if i % 3 else specialized("range_refined_to_singleton"), static(64)),
+                (static("S(1)"), static(1)),
+            )
+            for i in range(per_frame)
+        }
+        for f in range(frames)
+    })
+
+
+def median_ms(fn: Callable[[], object]) -> float:
+    times = []
+    for _ in range(ROUNDS):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--redis", metavar="URL", help="also time a Redis store")
+    args = parser.parse_args()
+
+    import stableguards.integration as integration  # the converters to torch's objects
+
+    profile = make_profile()
+    raw = encode(profile)
+    upstream = {code: {n: integration._to_frame_state(e) for n, e in sources.items()}
+                for code, sources in profile.frames.items()}
+    pickled = pickle.dumps(upstream)
+    rows = [
+        ("encode (JSON)", median_ms(lambda: encode(profile))),
+        ("decode + schema check", median_ms(lambda: decode(raw))),
+        ("upstream pickle.dumps", median_ms(lambda: pickle.dumps(upstream))),
+        ("upstream pickle.loads", median_ms(lambda: pickle.loads(pickled))),
+    ]
+    with tempfile.TemporaryDirectory() as d:
+        store = LocalStore(d)
+        store.merge_write("job", profile)
+        rows += [
+            ("local read", median_ms(lambda: store.read("job"))),
+            ("local merge_write (lock, read, join, write)", median_ms(lambda: store.merge_write("job", profile))),
+        ]
+    if args.redis:
+        from stableguards.pgo.store import RedisStore
+
+        redis_store = RedisStore(args.redis)
+        redis_store.merge_write("bench", profile)
+        rows += [
+            ("redis read", median_ms(lambda: redis_store.read("bench"))),
+            ("redis merge_write (WATCH, join, MULTI)", median_ms(lambda: redis_store.merge_write("bench", profile))),
+        ]
+        redis_store.clear("bench")
+    print(f"profile: {len(profile)} sources in {len(profile.frames)} frames, "
+          f"{len(raw) / 1024:.0f} KiB JSON ({len(pickled) / 1024:.0f} KiB as upstream's pickle)")
+    width = max(len(name) for name, _ in rows)
+    print(f"{'operation':<{width}}  median ms")
+    for name, ms in rows:
+        print(f"{name:<{width}}  {ms:9.2f}")
+
+
+if __name__ == "__main__":
+    main()

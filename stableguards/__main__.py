@@ -1,0 +1,5 @@
+import sys
+
+from stableguards.cli import main
+
+sys.exit(main())

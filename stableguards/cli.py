@@ -1,0 +1,137 @@
+"""``python -m stableguards pgo show|diff|clear``: look at and manage stored profiles.
+
+A profile is named by its key (as stored by this process's store: the local
+directory under the inductor cache dir, or Redis when STABLEGUARDS_PGO_REDIS_URL
+or --redis is given) or by the path of a profile file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+from stableguards.pgo.profile import Dim, Profile, SourceEntry, State
+from stableguards.pgo.store import LocalStore, ProfileStore, RedisStore
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m stableguards")
+    parser.add_argument("--redis", metavar="URL", help="Redis store (default: "
+                        "$STABLEGUARDS_PGO_REDIS_URL, else the local directory)")
+    parser.add_argument("--dir", metavar="DIR", help="local profile directory (default: "
+                        "<inductor cache dir>/stableguards/pgo)")
+    commands = parser.add_subparsers(dest="area", required=True)
+    pgo = commands.add_parser("pgo", help="PGO profiles").add_subparsers(dest="command", required=True)
+    show = pgo.add_parser("show", help="print a profile as a table (or list the stored keys)")
+    show.add_argument("profile", nargs="?", help="key or file; omit to list what is stored")
+    diff = pgo.add_parser("diff", help="what differs between two profiles")
+    diff.add_argument("a", help="key or file")
+    diff.add_argument("b", help="key or file")
+    clear = pgo.add_parser("clear", help="remove a stored profile")
+    clear.add_argument("profile", help="key or file")
+    args = parser.parse_args(argv)
+
+    store = _store(args)
+    if args.command == "show":
+        if args.profile is None:
+            return _list(store)
+        return _show(*_load(store, args.profile))
+    if args.command == "diff":
+        return _diff(_load(store, args.a), _load(store, args.b))
+    return _clear(store, args.profile)
+
+
+def _store(args: argparse.Namespace) -> ProfileStore:
+    url = args.redis or (None if args.dir else os.environ.get("STABLEGUARDS_PGO_REDIS_URL"))
+    if url:
+        return RedisStore(url)
+    if args.dir:
+        return LocalStore(args.dir)
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return LocalStore(Path(cache_dir()) / "stableguards" / "pgo")
+
+
+def _resolve(store: ProfileStore, name: str) -> tuple[ProfileStore, str]:
+    """A file path names a profile in its own directory; anything else is a key."""
+    path = Path(name)
+    if path.suffix == ".json" and path.is_file():
+        return LocalStore(path.parent), path.stem
+    return store, name
+
+
+def _load(store: ProfileStore, name: str) -> tuple[str, Profile]:
+    store, key = _resolve(store, name)
+    profile = store.read(key)
+    if profile is None:
+        raise SystemExit(f"no usable profile at {store.describe(key)}")
+    return store.describe(key), profile
+
+
+def _list(store: ProfileStore) -> int:
+    keys = store.keys()
+    if not keys:
+        print("no profiles stored")
+    for key in keys:
+        profile = store.read(key)
+        size = f"{len(profile.frames)} frame(s), {len(profile)} source(s)" if profile else "unusable"
+        print(f"{key}  {size}  {store.describe(key)}")
+    return 0
+
+
+def _show(where: str, profile: Profile) -> int:
+    print(where)
+    rows = [(f"{code.filename}:{code.firstlineno} {code.name}", name, str(entry))
+            for code, name, entry in profile.entries()]
+    _print_table(("frame", "source", "state"), rows)
+    states = Counter(dim.state for _, _, entry in profile.entries() for dim in _dims(entry))
+    print(", ".join(f"{states[s]} {s.name.lower()}" for s in State if s != State.UNSET and states[s])
+          or "empty profile")
+    return 0
+
+
+def _diff(a: tuple[str, Profile], b: tuple[str, Profile]) -> int:
+    (where_a, pa), (where_b, pb) = a, b
+    entries_a = {(code, name): entry for code, name, entry in pa.entries()}
+    entries_b = {(code, name): entry for code, name, entry in pb.entries()}
+    rows = []
+    for code, name in sorted(entries_a.keys() | entries_b.keys(),
+                             key=lambda k: (k[0].sort_key(), k[1])):
+        ea, eb = entries_a.get((code, name)), entries_b.get((code, name))
+        if ea != eb:
+            rows.append((f"{code.filename}:{code.firstlineno} {code.name}", name,
+                         "-" if ea is None else str(ea), "-" if eb is None else str(eb)))
+    print(f"a: {where_a}\nb: {where_b}")
+    if not rows:
+        print("no differences")
+        return 0
+    _print_table(("frame", "source", "a", "b"), rows)
+    return 1
+
+
+def _clear(store: ProfileStore, name: str) -> int:
+    store, key = _resolve(store, name)
+    if store.clear(key):
+        print(f"removed {store.describe(key)}")
+        return 0
+    print(f"no profile at {store.describe(key)}")
+    return 1
+
+
+def _dims(entry: SourceEntry) -> list[Dim]:
+    if entry.kind() == "scalar":
+        return [entry.scalar]
+    return list(entry.size) if isinstance(entry.size, tuple) else [entry.size]
+
+
+def _print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
+    for row in (header, *rows):
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

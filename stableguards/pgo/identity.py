@@ -1,0 +1,85 @@
+"""Identities that are the same in every process: code fingerprints and profile keys.
+
+torch 2.13 tells closures apart with ``hash()`` of their cells' code objects,
+and on Python 3.11 that hash changes from one process to the next (it mixes
+in ``hash(None)``, an address), so a compiled closure never finds its profile
+after a restart.  Here every ingredient is hashed with xxh64 over a canonical
+description, never with ``hash()``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from types import CellType, CodeType
+from typing import Any
+
+import xxhash
+
+
+def code_fingerprint(code: CodeType) -> str:
+    """A stable hash of what a code object does: bytecode, names, constants, nested code."""
+    return xxhash.xxh64_hexdigest(repr(_describe_code(code)).encode())
+
+
+def closure_fingerprint(cells: Sequence[CellType]) -> str:
+    """A stable hash of a closure, told apart by the functions it closes over.
+
+    Like torch's closure hash it looks only at cells holding functions; other
+    captured values are guarded on, not part of the frame's identity.
+    """
+    parts = []
+    for cell in cells:
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # an empty cell
+            contents = None
+        code = getattr(contents, "__code__", None) if callable(contents) else None
+        parts.append(code_fingerprint(code) if isinstance(code, CodeType) else "-")
+    return xxhash.xxh64_hexdigest(",".join(parts).encode())
+
+
+def _describe_code(code: CodeType) -> tuple:
+    return (
+        code.co_qualname if hasattr(code, "co_qualname") else code.co_name,
+        code.co_argcount,
+        code.co_code,
+        code.co_names,
+        code.co_varnames,
+        code.co_freevars,
+        tuple(_describe_const(c) for c in code.co_consts),
+    )
+
+
+def _describe_const(value: Any) -> Any:
+    if isinstance(value, CodeType):
+        return _describe_code(value)
+    if isinstance(value, (tuple, list)):
+        return tuple(_describe_const(v) for v in value)
+    if isinstance(value, frozenset):  # iteration order follows the hash seed
+        return ("frozenset", tuple(sorted(repr(_describe_const(v)) for v in value)))
+    return repr(value)
+
+
+def default_profile_key() -> str:
+    """The profile key when no job id is set: what identifies the entry point.
+
+    The entry point is the script's absolute path or, under ``python -m``, the
+    module's name.  Command-line arguments are left out on purpose: runs of one
+    program usually differ in arguments (a learning rate, a seed) that change
+    nothing about shapes, and splitting the profile on them would make every
+    such run start cold.  Merging is sound (see profile.py), so programs that
+    do need separate profiles set TORCH_COMPILE_JOB_ID, which wins.
+    """
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name:
+        entry = f"-m {spec.name}"
+    elif sys.argv and sys.argv[0] not in ("", "-c"):
+        entry = os.path.abspath(sys.argv[0])
+    else:
+        entry = "<interactive>"
+    label = os.path.splitext(os.path.basename(entry.split()[-1]))[0] or "interactive"
+    label = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)
+    return f"{label}-{xxhash.xxh64_hexdigest(entry.encode())[:12]}"

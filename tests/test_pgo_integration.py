@@ -1,0 +1,140 @@
+"""Specialization-aware profiles through real Dynamo compiles in fresh processes (eager backend)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stableguards.pgo.store import LocalStore
+
+CHILD = Path(__file__).resolve().parent / "_graphs_child.py"
+
+
+def run(workload: str, cache_dir: Path, **env: str) -> dict:
+    full = {k: v for k, v in os.environ.items()
+            if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE", "STABLEGUARDS_PGO_REDIS_URL")}
+    full.update(TORCHINDUCTOR_CACHE_DIR=str(cache_dir), TORCHDYNAMO_STABLE_GUARDS="1",
+                PYTHONHASHSEED="random")
+    full.update(env)
+    proc = subprocess.run([sys.executable, str(CHILD), workload], env=full, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["stderr"] = proc.stderr
+    return result
+
+
+def profiles(cache_dir: Path) -> list[Path]:
+    return sorted(p for p in (cache_dir / "stableguards" / "pgo").glob("*.json") if ".bad-" not in p.name)
+
+
+@pytest.mark.parametrize("disable", ["", "symbols"])
+@pytest.mark.parametrize("workload", ["seed", "dict_collide", "list_overmarked"])
+def test_warm_run_compiles_only_graphs_the_cold_run_produced(tmp_path, workload, disable):
+    """Without a job id, and with or without the stable allocator."""
+    cold = run(workload, tmp_path, STABLEGUARDS_DISABLE=disable)
+    warm = run(workload, tmp_path, STABLEGUARDS_DISABLE=disable)
+    assert warm["graphs"] and set(warm["graphs"]) <= set(cold["graphs"])
+    assert len(warm["graphs"]) < len(cold["graphs"])
+    assert warm["matches_eager"] and cold["matches_eager"]
+    assert warm["counters"]["pgo_profiles_loaded"] == 1
+
+
+def test_specialized_source_is_explained_on_both_sides_of_the_restart(tmp_path):
+    cold = run("seed", tmp_path)
+    warm = run("seed", tmp_path)
+    assert "L['repeat']\" of seed_fn" in cold["explain"]
+    assert "recorded as specialized, not dynamic" in cold["explain"]
+    assert "range_refined_to_singleton" in cold["explain"]
+    assert "starts static (was specialized)" in warm["explain"]
+
+
+def test_a_closure_finds_its_profile_after_a_restart(tmp_path):
+    cold = run("closure", tmp_path)
+    warm = run("closure", tmp_path)
+    assert len(cold["graphs"]) == 2  # static, then dynamic
+    assert warm["graphs"] == cold["graphs"][1:]  # straight to the dynamic graph
+    profile = LocalStore(profiles(tmp_path)[0].parent).read(profiles(tmp_path)[0].stem)
+    assert [code.closure for code in profile.frames] != [None]
+
+
+def test_job_id_names_the_profile(tmp_path):
+    run("seed", tmp_path, TORCH_COMPILE_JOB_ID="my-job")
+    assert [p.name for p in profiles(tmp_path)] == ["my-job_rank0.json"]
+
+
+def test_default_key_names_the_entry_point_and_rank(tmp_path):
+    run("seed", tmp_path, RANK="3")
+    [path] = profiles(tmp_path)
+    assert path.name.startswith("_graphs_child-") and path.name.endswith("_rank3.json")
+
+
+def test_flag_off_writes_no_stableguards_profile(tmp_path):
+    cold = run("seed", tmp_path, TORCHDYNAMO_STABLE_GUARDS="0", TORCH_COMPILE_JOB_ID="j")
+    assert profiles(tmp_path) == []
+    assert list((tmp_path / "dynamo").glob("code_state_*.pkl"))  # upstream's own, untouched
+    assert cold["counters"] == {}
+
+
+def test_corrupt_profile_compiles_as_if_cold_and_is_kept(tmp_path):
+    run("seed", tmp_path)
+    [path] = profiles(tmp_path)
+    path.write_bytes(path.read_bytes()[:100])
+    warm = run("seed", tmp_path)
+    assert warm["stderr"].count("moved it to") == 1
+    assert warm["matches_eager"] and len(warm["graphs"]) == 3  # cold again
+    assert len(list(path.parent.glob("*.bad-*.json"))) == 1
+    assert len(profiles(tmp_path)) == 1  # rewritten fresh; the bad one is set aside
+
+
+def test_profile_of_code_that_changed_is_ignored_with_a_warning(tmp_path):
+    run("seed", tmp_path)
+    [path] = profiles(tmp_path)
+    data = json.loads(path.read_text())
+    data["frames"][0]["code"]["file_hash"] = "deadbeef"  # as if the file had been edited
+    path.write_text(json.dumps(data))
+    warm = run("seed", tmp_path)
+    assert "source file changed or is gone" in warm["stderr"]
+    assert len(warm["graphs"]) == 3 and warm["matches_eager"]
+    stored = LocalStore(path.parent).read(path.stem)
+    assert len(stored.frames) == 2  # the stale frame is kept alongside the new one
+
+
+def test_unreachable_redis_compiles_without_a_profile(tmp_path):
+    result = run("seed", tmp_path, STABLEGUARDS_PGO_REDIS_URL="redis://127.0.0.1:1/0")
+    assert result["stderr"].count("unreachable") == 1
+    assert result["matches_eager"] and len(result["graphs"]) == 3
+
+
+def test_profiles_shared_through_redis(tmp_path, redis_url):
+    cold = run("seed", tmp_path / "machine-a", STABLEGUARDS_PGO_REDIS_URL=redis_url,
+               TORCH_COMPILE_JOB_ID="fleet")
+    warm = run("seed", tmp_path / "machine-b", STABLEGUARDS_PGO_REDIS_URL=redis_url,
+               TORCH_COMPILE_JOB_ID="fleet")
+    assert set(warm["graphs"]) <= set(cold["graphs"]) and len(warm["graphs"]) == 2
+
+
+def test_an_internal_error_in_the_profile_path_falls_back(tmp_path, monkeypatch):
+    import torch
+    import torch._dynamo
+
+    from stableguards import integration
+
+    def broken(observed):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(integration.MANAGER, "save_profile", broken)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    integration._warned.discard("pgo write")
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(stable_guards=True):
+        f = torch.compile(lambda x: x * 2, backend="eager")
+        assert torch.equal(f(torch.ones(3)), torch.ones(3) * 2)
+        assert torch.equal(f(torch.ones(4)), torch.ones(4) * 2)
+    torch._dynamo.reset()
+    assert "pgo write" in integration._warned

@@ -1,0 +1,230 @@
+"""Profile stores: round trips, merges, concurrent writers, and every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from stableguards.pgo.profile import DYNAMIC, CodeKey, Profile, SourceEntry, specialized, static
+from stableguards.pgo.store import LocalStore, RedisStore, encode
+
+CODE = CodeKey("0badc0de", 10, "f", None, "train.py")
+
+
+def profile_of(*names: str, code: CodeKey = CODE) -> Profile:
+    return Profile({code: {n: SourceEntry(DYNAMIC, (DYNAMIC, static(3)), (static(3), static(1)))
+                           for n in names}})
+
+
+def warnings_of(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "stableguards"]
+
+
+# --- local directory ----------------------------------------------------------
+
+
+def test_local_round_trip_and_merge(tmp_path):
+    store = LocalStore(tmp_path)
+    assert store.read("job") is None
+    store.merge_write("job", profile_of("L['x']"))
+    store.merge_write("job", profile_of("L['y']"))
+    assert store.read("job") == profile_of("L['x']", "L['y']")
+    assert store.keys() == ["job"]
+    assert store.clear("job") and store.read("job") is None
+
+
+def test_local_profile_is_readable_json(tmp_path):
+    store = LocalStore(tmp_path)
+    store.merge_write("job:rank0", profile_of("L['x']"))
+    data = json.loads(store.path("job:rank0").read_text())
+    assert data["format"] == "stableguards-pgo" and data["version"] == 1
+    assert data["frames"][0]["sources"]["L['x']"]["size"] == ["dynamic", {"static": 3}]
+
+
+BAD_CONTENT = {
+    "truncated": lambda good: good[: len(good) // 2],
+    "garbage": lambda good: b"\x80\x04\x95 not json \xff",
+    "wrong schema": lambda good: json.dumps({"format": "stableguards-pgo", "version": 1,
+                                             "frames": [{"code": 1}]}).encode(),
+    "a pickle": lambda good: b"\x80\x04\x95\x0b\x00\x00\x00\x00\x00\x00\x00}\x94.",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_CONTENT))
+def test_bad_local_profile_warns_once_moves_aside_and_is_replaced(tmp_path, caplog, kind):
+    store = LocalStore(tmp_path)
+    path = store.path("job")
+    bad = BAD_CONTENT[kind](encode(profile_of("L['x']")))
+    path.write_bytes(bad)
+    with caplog.at_level(logging.WARNING, logger="stableguards"):
+        assert store.read("job") is None
+        assert store.read("job") is None
+    assert len(warnings_of(caplog)) == 1 and "moved it to" in warnings_of(caplog)[0]
+    aside = [p for p in tmp_path.iterdir() if ".bad-" in p.name]
+    assert len(aside) == 1 and aside[0].read_bytes() == bad  # kept, byte for byte
+    store.merge_write("job", profile_of("L['y']"))
+    assert store.read("job") == profile_of("L['y']")
+    assert store.keys() == ["job"]
+
+
+def test_future_version_is_left_untouched(tmp_path, caplog):
+    store = LocalStore(tmp_path)
+    future = json.dumps({"format": "stableguards-pgo", "version": 99, "frames": "new"}).encode()
+    store.path("job").write_bytes(future)
+    with caplog.at_level(logging.WARNING, logger="stableguards"):
+        assert store.read("job") is None
+        assert store.merge_write("job", profile_of("L['x']")) is None
+    assert store.path("job").read_bytes() == future
+    assert len(warnings_of(caplog)) == 1 and "newer stableguards" in warnings_of(caplog)[0]
+
+
+def test_directory_where_the_file_should_be(tmp_path, caplog):
+    store = LocalStore(tmp_path)
+    store.path("job").mkdir(parents=True)
+    with caplog.at_level(logging.WARNING, logger="stableguards"):
+        assert store.read("job") is None
+        assert store.merge_write("job", profile_of("L['x']")) is None
+    assert store.path("job").is_dir()
+    assert len(warnings_of(caplog)) == 1 and "is a directory" in warnings_of(caplog)[0]
+
+
+def test_unreadable_file_is_left_untouched(tmp_path, caplog, monkeypatch):
+    store = LocalStore(tmp_path)
+    store.merge_write("job", profile_of("L['x']"))
+    before = store.path("job").read_bytes()
+    real_read = Path.read_bytes
+
+    def read_bytes(self):  # chmod 000 does not stop root, so refuse like the kernel would
+        if self == store.path("job"):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_read(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    with caplog.at_level(logging.WARNING, logger="stableguards"):
+        assert store.read("job") is None
+        assert store.merge_write("job", profile_of("L['y']")) is None
+    monkeypatch.undo()
+    assert store.path("job").read_bytes() == before
+    assert "Permission denied" in warnings_of(caplog)[0]
+
+
+def test_unwritable_directory_warns(tmp_path, caplog):
+    (tmp_path / "file").write_text("")
+    store = LocalStore(tmp_path / "file" / "pgo")
+    with caplog.at_level(logging.WARNING, logger="stableguards"):
+        assert store.merge_write("job", profile_of("L['x']")) is None
+    assert "cannot create" in warnings_of(caplog)[0]
+
+
+def _write_entries(args: tuple[str, str, int]) -> None:
+    kind, target, worker = args
+    store = LocalStore(target) if kind == "local" else RedisStore(target)
+    for i in range(10):
+        store.merge_write("shared", profile_of(f"L['w{worker}_{i}']"))
+
+
+def _run_writers(kind: str, target: str) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(8) as pool:
+        pool.map(_write_entries, [(kind, target, w) for w in range(8)])
+
+
+def test_eight_concurrent_local_writers_lose_nothing(tmp_path):
+    _run_writers("local", str(tmp_path))
+    stored = LocalStore(tmp_path).read("shared")
+    assert len(stored) == 80
+    assert stored == Profile({CODE: {f"L['w{w}_{i}']": profile_of("x").frames[CODE]["x"]
+                                     for w in range(8) for i in range(10)}})
+
+
+# --- Redis --------------------------------------------------------------------
+
+
+@pytest.fixture
+def redis_store(redis_url):
+    store = RedisStore(redis_url)
+    store._client.flushdb()
+    return store
+
+
+def test_redis_round_trip_and_merge(redis_store):
+    assert redis_store.read("job") is None
+    redis_store.merge_write("job", profile_of("L['x']"))
+    redis_store.merge_write("job", Profile({CODE: {"L['x']": SourceEntry(specialized("solve"))}}))
+    stored = redis_store.read("job")
+    assert stored.frames[CODE]["L['x']"].scalar == DYNAMIC  # dynamic outranks specialized
+    assert redis_store.keys() == ["job"]
+    assert redis_store.clear("job") and redis_store.read("job") is None
+
+
+def test_bad_redis_value_is_moved_aside(redis_store, caplog):
+    redis_store._client.set(RedisStore.PREFIX + "job", b"\x80\x04garbage")
+    with caplog.at_level(logging.WARNING, logger="stableguards"):
+        assert redis_store.read("job") is None
+    aside = [k for k in redis_store._client.keys("*") if b":bad-" in k]
+    assert len(aside) == 1 and redis_store._client.get(aside[0]) == b"\x80\x04garbage"
+    assert redis_store.keys() == []
+    redis_store.merge_write("job", profile_of("L['y']"))
+    assert redis_store.read("job") == profile_of("L['y']")
+    assert len(warnings_of(caplog)) == 1
+
+
+def test_future_redis_value_is_left_untouched(redis_store, caplog):
+    future = json.dumps({"format": "stableguards-pgo", "version": 2, "frames": []}).encode()
+    redis_store._client.set(RedisStore.PREFIX + "job", future)
+    with caplog.at_level(logging.WARNING, logger="stableguards"):
+        assert redis_store.read("job") is None
+        assert redis_store.merge_write("job", profile_of("L['x']")) is None
+    assert redis_store._client.get(RedisStore.PREFIX + "job") == future
+
+
+def test_eight_concurrent_redis_writers_lose_nothing(redis_store, redis_url):
+    _run_writers("redis", redis_url)
+    assert len(redis_store.read("shared")) == 80
+
+
+def test_redis_that_refuses_connections_warns_once(caplog):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    store = RedisStore(f"redis://127.0.0.1:{port}/0")
+    with caplog.at_level(logging.WARNING, logger="stableguards"):
+        assert store.read("job") is None
+        assert store.merge_write("job", profile_of("L['x']")) is None
+    assert len(warnings_of(caplog)) == 1 and "unreachable" in warnings_of(caplog)[0]
+
+
+def test_redis_that_never_answers_times_out(caplog):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    accepted = []
+    stop = threading.Event()
+
+    def accept_and_stay_silent():
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=accept_and_stay_silent, daemon=True)
+    thread.start()
+    try:
+        store = RedisStore(f"redis://127.0.0.1:{listener.getsockname()[1]}/0", timeout_s=0.3)
+        with caplog.at_level(logging.WARNING, logger="stableguards"):
+            assert store.read("job") is None
+        assert "Timeout" in warnings_of(caplog)[0]
+    finally:
+        stop.set()
+        thread.join()
+        for conn in accepted:
+            conn.close()
+        listener.close()

@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
+import contextvars
 import inspect
 import logging
 import os
 import sys
+import weakref
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from stableguards.backend_match import BackendFingerprint, BackendKey, fingerprint, key_for
 from stableguards.manager import GuardManager
 from stableguards.pgo.identity import closure_fingerprint, default_profile_key
 from stableguards.pgo.profile import DYNAMIC, UNSET, CodeKey, Dim, Dims, Profile, SourceEntry
@@ -42,7 +45,8 @@ SUPPORTED_TORCH = ("2.13.",)
 
 # STABLEGUARDS_DISABLE=symbols,pgo leaves those parts to torch while the flag is on:
 # for A/B measurements, and for bisecting a part that misbehaves.
-PARTS = ("symbols", "pgo")
+PARTS = ("symbols", "pgo", "backend")
+LOG_ARTIFACT = "stableguards"
 MANAGER = GuardManager(disabled=os.environ.get("STABLEGUARDS_DISABLE", ""))
 
 # (owner, attribute) -> the original, for every hook in place.
@@ -57,6 +61,7 @@ def arm() -> None:
     import, so it never raises.
     """
     try:
+        _register_log_artifact()
         dynamo = sys.modules.get("torch._dynamo")
         if dynamo is not None and hasattr(dynamo, "config"):
             install()
@@ -90,6 +95,14 @@ def install() -> None:
     # convert_frame imported put_code_state by name: its copy is the one called.
     _hook(convert_frame, "put_code_state", _profile_writer)
     _hook(convert_frame.DynamoOutput, "build_guards", _outcome_recorder)
+    import torch._dynamo.eval_frame as eval_frame
+
+    # BACKEND_MATCH.  convert_frame imported its helpers by name: patch its copies.
+    _hook(eval_frame, "get_compiler_fn", _per_backend_compiler_fn)
+    _hook(convert_frame.ConvertFrameAssert, "__call__", _backend_of_compile)
+    _hook(convert_frame, "compute_cache_size", _per_backend_cache_size)
+    _hook(convert_frame, "get_and_maybe_log_recompilation_reasons", _recompile_reasons)
+    _attach_log_artifact()
 
 
 def uninstall() -> None:
@@ -413,3 +426,267 @@ def _to_atom(dim: Dim) -> Any:
     if isinstance(dim.value, str):  # S(d): an inferred stride
         return pgo.InferStride(int(dim.value[2:-1]))
     return dim.value
+
+
+# --- BACKEND_MATCH: a per-backend cache ----------------------------------------
+#
+# torch.compile hands Dynamo a backend; get_compiler_fn wraps it for calling.
+# We put a _KeyedBackend in between whose ``_torchdynamo_orig_backend`` is the
+# interned key of the backend's fingerprint.  The C++ cache lookup follows that
+# attribute chain to its end, so cache entries store and compare the key: a
+# pointer comparison for equal configurations, never a match for different
+# ones, and no strong reference to the backend itself.
+
+
+class _DynamoBackendKey(BackendKey):
+    """A BackendKey as Dynamo expects the end of the backend chain to look."""
+
+    __slots__ = ()
+
+    @property
+    def compiler_name(self) -> str:
+        return self.fingerprint.description
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Never called: Dynamo calls _KeyedBackend.  It only needs to be callable.
+        raise RuntimeError("a stableguards backend key is not a compiler")
+
+    def reset(self) -> None:
+        """torch._dynamo.reset() resets cached backends; the backends themselves reset elsewhere."""
+
+
+class _KeyedBackend:
+    """The user's backend, as Dynamo calls it, with its key where Dynamo looks for identity."""
+
+    def __init__(self, backend: Any, key: _DynamoBackendKey) -> None:
+        self._backend = backend
+        self._torchdynamo_orig_backend = key
+        self.compiler_name = getattr(backend, "compiler_name", None) or key.compiler_name
+        # WrapBackendDebug copies this object's __dict__, so these must be instance attributes.
+        for name in ("backend_ctx_ctor", "get_compiler_config"):
+            if hasattr(backend, name):
+                setattr(self, name, getattr(backend, name))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._backend(*args, **kwargs)
+
+    def reset(self) -> None:
+        reset = getattr(self._backend, "reset", None)
+        if callable(reset):
+            reset()
+
+
+_current_key: contextvars.ContextVar[BackendKey | None] = contextvars.ContextVar(
+    "stableguards_backend_key", default=None)
+# Fingerprints of user backend objects, computed once: some backends (aot_autograd)
+# rewrite their own options on first use, and must keep the identity they had.
+_user_fingerprints: weakref.WeakKeyDictionary[Any, BackendFingerprint] = weakref.WeakKeyDictionary()
+
+
+def _per_backend_compiler_fn(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def get_compiler_fn(compiler_fn: Any) -> Any:
+        if _pending_release:
+            _release_pending()
+        if enabled("backend") and not isinstance(compiler_fn, _KeyedBackend):
+            try:
+                keyed = _keyed(compiler_fn)
+            except Exception as error:  # noqa: BLE001 - fail open
+                _fell_back("backend match", error)
+            else:
+                return original(keyed)
+        return original(compiler_fn)
+
+    return get_compiler_fn
+
+
+def _keyed(compiler_fn: Any) -> _KeyedBackend:
+    from torch._dynamo.backends.registry import lookup_backend
+
+    backend = lookup_backend(compiler_fn) if isinstance(compiler_fn, str) else compiler_fn
+    user = _user_backend(backend)
+    fp = backend_fingerprint(backend)
+    key = key_for(fp, _DynamoBackendKey)
+    key.watch(user, _release_entries)
+    return _KeyedBackend(backend, key)  # type: ignore[arg-type]
+
+
+def backend_fingerprint(backend: Any) -> BackendFingerprint:
+    """The fingerprint of a backend as torch.compile or torch._dynamo.optimize received it."""
+    user = _user_backend(backend)
+    if user is None or user is backend:
+        return _fingerprint_user(backend) if user is not None else fingerprint(backend, _registered_name)
+    inner = _fingerprint_user(user)
+    if not inner.stable:
+        return inner
+
+    def name_of(obj: Any) -> str | None:
+        return f"backend {inner.description} #{inner.digest}" if obj is user else _registered_name(obj)
+
+    return fingerprint(backend, name_of)
+
+
+def _fingerprint_user(user: Any) -> BackendFingerprint:
+    try:
+        return _user_fingerprints[user]
+    except (KeyError, TypeError):
+        pass
+    fp = fingerprint(user, _registered_name)
+    try:
+        _user_fingerprints[user] = fp
+    except TypeError:
+        pass  # not weakly referenceable: fingerprinted afresh each time
+    return fp
+
+
+def _user_backend(backend: Any) -> Any:
+    """The object whose life decides how long compiled code is kept, or None for good.
+
+    torch.compile wraps what the user passed (a name, a callable) in a wrapper
+    made per call; the user's own object is its ``compiler_fn``.  Registered
+    backends and inductor live as long as the process.
+    """
+    inner = getattr(backend, "compiler_fn", backend)
+    if getattr(backend, "compiler_name", None) == "inductor" and not hasattr(backend, "compiler_fn"):
+        return None
+    return None if _registered_name(inner) is not None else inner
+
+
+def _registered_name(obj: Any) -> str | None:
+    from torch._dynamo.backends import registry
+
+    for name, fn in registry._COMPILER_FNS.items():
+        if fn is obj:
+            return name
+    return None
+
+
+# Keys whose last backend died, waiting for a safe moment to release their entries.
+_pending_release: list[BackendKey] = []
+
+
+def _release_entries(key: BackendKey) -> None:
+    """A key's last backend died: release its cache entries, now if that is safe.
+
+    This runs from a finalizer, which can fire inside torch's own cache work
+    (torch._dynamo.reset() dropping the last reference, say), where walking the
+    cache entries would touch freed memory.  Dynamo holds compile_lock during
+    compiles and resets; inside it, the release waits for the next safe point
+    (a torch.compile call, or the start of a frame compile).
+    """
+    import torch._dynamo.convert_frame as convert_frame
+
+    _pending_release.append(key)
+    if not convert_frame.compile_lock._is_owned():
+        _release_pending()
+
+
+def _release_pending() -> None:
+    """Invalidate the cache entries of every pending key: their compiled code can go."""
+    try:
+        import torch._C._dynamo.eval_frame as c_eval_frame
+        import torch._dynamo.convert_frame as convert_frame
+        from torch._dynamo.guards import DeletedGuardManagerWrapper
+
+        while _pending_release:
+            key = _pending_release.pop()
+            if key.alive:  # an equal backend came along meanwhile: its code is still wanted
+                continue
+            released = 0
+            for ref in list(convert_frame.input_codes.seen):
+                code = ref()
+                if code is None:
+                    continue
+                for entry in c_eval_frame._debug_get_cache_entry_list(code):
+                    manager = entry.guard_manager
+                    if entry.backend is key and getattr(manager, "extra_state", None) is not None:
+                        manager.extra_state.invalidate(
+                            manager.cache_entry, DeletedGuardManagerWrapper("backend was collected"))
+                        released += 1
+            MANAGER.note_backend_released(str(key.fingerprint), released)
+    except Exception as error:  # noqa: BLE001 - may run from a finalizer: never raise
+        _fell_back("backend release", error)
+
+
+def _backend_of_compile(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Know which backend a compile is for, and say when a frame switched backends."""
+
+    def __call__(self: Any, frame: Any, cache_entry: Any, *args: Any, **kwargs: Any) -> Any:
+        if _pending_release:
+            _release_pending()
+        key = _innermost_key(self) if enabled("backend") else None
+        if key is not None:
+            try:
+                _note_switch(frame.f_code, key)
+            except Exception as error:  # noqa: BLE001 - fail open
+                _fell_back("backend switch", error)
+        token = _current_key.set(key)
+        try:
+            return original(self, frame, cache_entry, *args, **kwargs)
+        finally:
+            _current_key.reset(token)
+
+    return __call__
+
+
+def _innermost_key(convert: Any) -> BackendKey | None:
+    backend = convert
+    for _ in range(16):  # the chain is short; a loop here would be a bug elsewhere
+        if isinstance(backend, BackendKey):
+            return backend
+        backend = getattr(backend, "_torchdynamo_orig_backend", None)
+        if backend is None:
+            return None
+    return None
+
+
+def _note_switch(code: Any, key: BackendKey) -> None:
+    import torch._C._dynamo.eval_frame as c_eval_frame
+
+    others = {e.backend for e in c_eval_frame._debug_get_cache_entry_list(code)
+              if e.code is not None and e.backend is not None}
+    if others and key not in others:
+        MANAGER.note_backend_switch(
+            f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})", str(key.fingerprint),
+            [str(o.fingerprint) if isinstance(o, BackendKey) else type(o).__name__ for o in others])
+
+
+def _per_backend_cache_size(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The recompile limit counts the live entries of the backend being compiled for."""
+
+    def compute_cache_size(frame: Any, cache_entries: Any, *args: Any) -> Any:
+        key = _current_key.get()
+        if key is not None:
+            cache_entries = [e for e in cache_entries if e.backend is key and e.code is not None]
+        return original(frame, cache_entries, *args)
+
+    return compute_cache_size
+
+
+def _recompile_reasons(original: Callable[..., Any]) -> Callable[..., Any]:
+    def get_and_maybe_log_recompilation_reasons(cache_entry: Any, frame: Any, *args: Any,
+                                                **kwargs: Any) -> Any:
+        reasons = original(cache_entry, frame, *args, **kwargs)
+        if reasons and enabled("backend"):
+            code = frame.f_code
+            MANAGER.note_recompile(f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})",
+                                   [str(r) for r in reasons])
+        return reasons
+
+    return get_and_maybe_log_recompilation_reasons
+
+
+def _register_log_artifact() -> None:
+    """TORCH_LOGS=stableguards: torch parses TORCH_LOGS right after loading entry points."""
+    from torch._logging._internal import log_registry, register_artifact
+
+    if not log_registry.is_artifact(LOG_ARTIFACT):
+        register_artifact(LOG_ARTIFACT, "stableguards: why restarts missed and frames recompiled",
+                          off_by_default=True)
+
+
+def _attach_log_artifact() -> None:
+    import torch._logging
+
+    logger = torch._logging.getArtifactLogger("torch._dynamo.stableguards", LOG_ARTIFACT)
+    if not MANAGER.listeners:
+        MANAGER.listeners.append(logger.debug)

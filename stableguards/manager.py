@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import weakref
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from stableguards.pgo.profile import Profile
@@ -74,6 +75,8 @@ class GuardManager:
         self._events: deque[Collision | Fallback | Note] = deque(maxlen=_MAX_EVENTS)
         # The profile of the current process, opened at the first compile.
         self.profile: ProfileSession | None = None
+        # Called with each event's description as it happens (the TORCH_LOGS artifact).
+        self.listeners: list[Callable[[str], None]] = []
         # Which source holds each id, per scope (a ShapeEnv under Dynamo), so a
         # collision can name the source it collided with.  Weak, so a finished
         # compile's scope and table go away together.
@@ -92,18 +95,16 @@ class GuardManager:
         taken.add(allocation.id)
         holders[allocation.id] = source_name
         self.counters["symbols_allocated"] += 1
-        if allocation.probes:
+        holder = holders.get(allocation.home)
+        if allocation.probes and holder == source_name:
+            # One source given several symbols (torch's ephemeral sources): numbered
+            # in creation order, as upstream does; not a clash between sources.
+            self.counters["symbol_repeats"] += 1
+        elif allocation.probes:
             self.counters["symbol_collisions"] += 1
             self.counters["symbol_probes"] += allocation.probes
-            self._events.append(
-                Collision(
-                    source_name,
-                    allocation.home,
-                    holders.get(allocation.home),
-                    allocation.id,
-                    allocation.probes,
-                )
-            )
+            self._record(Collision(source_name, allocation.home, holder, allocation.id,
+                                   allocation.probes))
         return allocation.id
 
     def open_profile(self, store: ProfileStore, key: str) -> Profile:
@@ -112,9 +113,9 @@ class GuardManager:
         loaded = self.profile.load()
         where = store.describe(key)
         if not loaded.frames:
-            self._events.append(Note(f"profile {where}: none yet, compiling cold"))
+            self._record(Note(f"profile {where}: none yet, compiling cold"))
             return loaded
-        self._events.append(Note(
+        self._record(Note(
             f"profile {where}: loaded {len(loaded)} source(s) in {len(loaded.frames)} frame(s)"))
         self._note_specialized(specialized_sources(loaded), "starts static (was specialized)")
         return loaded
@@ -136,13 +137,34 @@ class GuardManager:
 
     def _note_specialized(self, found: set, what: str) -> None:
         for code, source, dim in sorted(found, key=lambda f: (f[0].sort_key(), f[1], str(f[2]))):
-            self._events.append(Note(f"source {source!r} of {code.name} at "
+            self._record(Note(f"source {source!r} of {code.name} at "
                                      f"{code.filename}:{code.firstlineno} {what}: {dim}"))
 
     def record_fallback(self, hook: str, error: BaseException) -> None:
         """Count a hook that failed open; the caller has already fallen back."""
         self.counters["fallbacks"] += 1
-        self._events.append(Fallback(hook, f"{type(error).__name__}: {error}"))
+        self._record(Fallback(hook, f"{type(error).__name__}: {error}"))
+
+    def note_backend_switch(self, frame: str, new: str, cached: list[str]) -> None:
+        """A frame compiled for a backend it had no code for, while it had code for others."""
+        self.counters["backend_switches"] += 1
+        self._record(Note(f"{frame}: compiled for backend {new}; its cached code belongs to "
+                          f"{', '.join(cached)} (BACKEND_MATCH: never served to another backend)"))
+
+    def note_backend_released(self, backend: str, entries: int) -> None:
+        self.counters["backend_entries_released"] += entries
+        self._record(Note(f"backend {backend} is gone: released {entries} cache entr"
+                          f"{'y' if entries == 1 else 'ies'} compiled for it"))
+
+    def note_recompile(self, frame: str, reasons: list[str]) -> None:
+        """Why Dynamo compiled a frame again: the guards that failed, as torch reports them."""
+        self.counters["recompiles"] += 1
+        self._record(Note(f"{frame} recompiled: " + "; ".join(reasons)))
+
+    def _record(self, event: Collision | Fallback | Note) -> None:
+        self._events.append(event)
+        for listener in self.listeners:
+            listener(event.describe())
 
     def explain(self) -> str:
         """Counters so far and, newest last, the events that make a restart miss or differ."""

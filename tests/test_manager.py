@@ -71,3 +71,13 @@ def test_events_are_bounded():
     for i in range(2_000):
         manager.record_fallback("h", RuntimeError(str(i)))
     assert len(manager.explain().splitlines()) <= 257
+
+
+def test_one_source_given_several_symbols_is_not_a_collision():
+    manager = GuardManager()
+    scope, taken = Scope(), set()
+    first = manager.symbol_id(scope, "<ephemeral: offsets>", taken)
+    second = manager.symbol_id(scope, "<ephemeral: offsets>", taken)
+    assert second == first + 1
+    assert manager.counters["symbol_repeats"] == 1 and manager.counters["symbol_collisions"] == 0
+    assert "wanted" not in manager.explain()

@@ -33,3 +33,21 @@ def test_flag_off_the_seed_case_misses_on_restart():
     warm = measure("seed", "inductor", "off")["warm"]
     assert warm["fxgraph_cache_miss"] >= 1, warm
     assert warm["matches_eager"]
+
+
+def test_artifacts_never_cross_backend_configurations_after_a_restart():
+    """Why the backend fingerprint is not added to the persisted cache keys.
+
+    Inductor's FX-graph and AOTAutograd keys already contain inductor's config,
+    so a restarted process with other options finds nothing of the first one's.
+    """
+    import tempfile
+
+    from restart_ab import run_child
+
+    with tempfile.TemporaryDirectory() as cache_dir:
+        run_child("seed", "inductor", cache_dir, {"TORCHDYNAMO_STABLE_GUARDS": "1"})
+        other = run_child("seed", "inductor", cache_dir, {"TORCHDYNAMO_STABLE_GUARDS": "1",
+                                                          "TORCHINDUCTOR_MAX_AUTOTUNE": "1"})
+    assert other["fxgraph_cache_hit"] == 0 and other["autograd_cache_hit"] == 0
+    assert other["matches_eager"]

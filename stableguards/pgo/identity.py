@@ -9,6 +9,7 @@ description, never with ``hash()``.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from typing import Any
 import xxhash
 
 
+@functools.lru_cache(maxsize=4096)  # code objects compare by value: equal code, equal result
 def code_fingerprint(code: CodeType) -> str:
     """A stable hash of what a code object does: bytecode, names, constants, nested code."""
     return xxhash.xxh64_hexdigest(repr(_describe_code(code)).encode())
@@ -76,7 +78,7 @@ def default_profile_key() -> str:
     spec = getattr(main, "__spec__", None)
     if spec is not None and spec.name:
         entry = f"-m {spec.name}"
-    elif sys.argv and sys.argv[0] not in ("", "-c"):
+    elif sys.argv and sys.argv[0] not in ("", "-", "-c"):
         entry = os.path.abspath(sys.argv[0])
     else:
         entry = "<interactive>"

@@ -1,0 +1,109 @@
+"""Backend switching and lifetime scenarios: compiles and outcomes, flag off vs on.
+
+    python bench/backend_switch.py
+
+Every scenario runs twice in this process, after torch._dynamo.reset(), once
+per flag setting.  "wrong" counts calls that returned another backend's result.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import torch
+import torch._dynamo
+from torch._dynamo.backends.common import aot_autograd
+
+import stableguards  # noqa: F401 - registers the flag
+
+
+def f(x):
+    return x + x
+
+
+class Scaled:
+    """Output shows which backend compiled the code; __eq__ is careless, as in the wild."""
+
+    def __init__(self, scale):
+        self.scale = scale
+
+    def __call__(self, gm, example_inputs):
+        return lambda *args: [out * self.scale for out in gm.forward(*args)]
+
+    def __eq__(self, other):
+        return isinstance(other, Scaled)
+
+    __hash__ = None
+
+
+def nop(gm, example_inputs):
+    return gm.forward
+
+
+def compiles() -> int:
+    return sum(1 for m in torch._dynamo.utils.get_compilation_metrics() if m.has_guarded_code)
+
+
+def run(backends, expected=None) -> tuple[int, int]:
+    x = torch.ones(2)
+    before, wrong = compiles(), 0
+    for i, backend in enumerate(backends):
+        out = torch.compile(f, backend=backend)(x)
+        if expected is not None and out[0].item() != expected[i]:
+            wrong += 1
+    return compiles() - before, wrong
+
+
+def leak() -> str:
+    def local(x):
+        return x.sin()
+
+    backend = aot_autograd(fw_compiler=nop)
+    ref = weakref.ref(backend)
+    compiled = torch.compile(local, backend=backend)
+    compiled(torch.ones(2))
+    del compiled, backend
+    gc.collect()
+    return "alive" if ref() is not None else "collected"
+
+
+SCENARIOS = {
+    "eager, eager (two torch.compile calls)": lambda: run(["eager", "eager"]),
+    "eager, aot_eager, eager": lambda: run(["eager", "aot_eager", "eager"]),
+    "aot_autograd(fw_compiler=nop) x3, kept": lambda: run([aot_autograd(fw_compiler=nop) for _ in range(3)]),
+    "Scaled(2), Scaled(3), Scaled(2) (loose __eq__)": lambda: run([Scaled(2), Scaled(3), Scaled(2)], [4, 6, 4]),
+    "10 backends, recompile_limit=8": lambda: _limited(),
+}
+
+
+def _limited() -> tuple[int, int]:
+    with torch._dynamo.config.patch(recompile_limit=8):
+        scales = list(range(2, 12))
+        return run([Scaled(s) for s in scales], [2 * s for s in scales])
+
+
+def main() -> None:
+    rows = []
+    for name, scenario in SCENARIOS.items():
+        cells = []
+        for flag in (False, True):
+            torch._dynamo.reset()
+            with torch._dynamo.config.patch(stable_guards=flag):
+                compiled, wrong = scenario()
+            cells.append(f"{compiled} compiles" + (f", {wrong} wrong" if wrong else ""))
+        rows.append((name, *cells))
+    cells = []
+    for flag in (False, True):
+        torch._dynamo.reset()
+        with torch._dynamo.config.patch(stable_guards=flag):
+            cells.append(leak())
+    rows.append(("backend after del + gc (no reset)", *cells))
+    width = max(len(r[0]) for r in rows)
+    print(f"{'scenario':<{width}}  {'flag off':<22}  flag on")
+    for name, off, on in rows:
+        print(f"{name:<{width}}  {off:<22}  {on}")
+
+
+if __name__ == "__main__":
+    main()

@@ -4,7 +4,7 @@
 #
 #   ./dev.sh demo    cross-restart A/B demo: prints the table, writes bench/out/
 #   ./dev.sh test    the test suite
-#   ./dev.sh bench   the micro-benchmarks (allocator cost, import time)
+#   ./dev.sh bench   the micro-benchmarks (allocator, import time, profile I/O, backends)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -29,6 +29,9 @@ case "${1:-}" in
         setup test,bench
         .venv/bin/python bench/alloc_cost.py
         .venv/bin/python bench/import_time.py
+        .venv/bin/python bench/pgo_io.py
+        .venv/bin/python bench/backend_switch.py
+        .venv/bin/python bench/backend_call_cost.py
         ;;
     *)
         echo "usage: ./dev.sh demo|test|bench" >&2

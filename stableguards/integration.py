@@ -14,9 +14,9 @@ program that never compiles pays only for this module's import.
 
 from __future__ import annotations
 
+import contextvars
 import importlib.abc
 import importlib.util
-import contextvars
 import inspect
 import logging
 import os
@@ -77,6 +77,9 @@ def install() -> None:
     import torch._dynamo.config as dynamo_config
 
     _register_flag(dynamo_config)
+    if unknown := MANAGER.disabled - set(PARTS):
+        _warn_once("parts", f"STABLEGUARDS_DISABLE names {', '.join(sorted(unknown))}, which "
+                            f"stableguards does not have; its parts are {', '.join(PARTS)}")
     if not torch.__version__.startswith(SUPPORTED_TORCH):
         _warn_once(
             "version",
@@ -234,7 +237,9 @@ def _profile_reader(original: Callable[[], Any]) -> Callable[[], Any]:
 
 def _profile_writer(original: Callable[[], None]) -> Callable[[], None]:
     def put_code_state() -> None:
-        if not enabled("pgo"):
+        # No session: the profile was read by torch (flag off then, or our read
+        # failed), so torch writes it too.
+        if not enabled("pgo") or MANAGER.profile is None:
             return original()
         try:
             _save_code_state()
@@ -342,7 +347,7 @@ def _load_code_state() -> Any:
 def _save_code_state() -> None:
     import torch._dynamo.pgo as pgo
 
-    if pgo._CODE_STATE is None or MANAGER.profile is None:
+    if pgo._CODE_STATE is None:
         return
     observed = Profile({
         _code_key(code_id): {name: _from_frame_state(e) for name, e in cs.automatic_dynamic.items()}
@@ -439,13 +444,14 @@ def _to_atom(dim: Dim) -> Any:
 
 
 class _DynamoBackendKey(BackendKey):
-    """A BackendKey as Dynamo expects the end of the backend chain to look."""
+    """A BackendKey as Dynamo expects the end of the backend chain to look.
 
-    __slots__ = ()
+    ``compiler_name`` is the backend's own (``"eager"``, ``"inductor"``), as on
+    torch's wrappers: Dynamo reads it to decide whether the backend is a
+    registered one (convert_frame.clear_compile_context_weakrefs).
+    """
 
-    @property
-    def compiler_name(self) -> str:
-        return self.fingerprint.description
+    __slots__ = ("compiler_name",)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # Never called: Dynamo calls _KeyedBackend.  It only needs to be callable.
@@ -506,6 +512,9 @@ def _keyed(compiler_fn: Any) -> _KeyedBackend:
     user = _user_backend(backend)
     fp = backend_fingerprint(backend)
     key = key_for(fp, _DynamoBackendKey)
+    if not hasattr(key, "compiler_name"):  # equal fingerprints, equal names: set once
+        key.compiler_name = (getattr(backend, "compiler_name", None)
+                             or _registered_name(backend) or fp.description)
     key.watch(user, _release_entries)
     return _KeyedBackend(backend, key)  # type: ignore[arg-type]
 

@@ -196,3 +196,13 @@ def test_a_backend_that_dies_inside_reset_does_not_crash():
                           text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "collected" in proc.stdout and "wrong" in proc.stdout
+
+
+@pytest.mark.parametrize("backend, registered", [("eager", True), ("aot_eager", True), (Scaled(2), False)])
+def test_dynamo_still_sees_whether_the_backend_is_registered(flag_on, backend, registered):
+    """Dynamo clears compile-time weakrefs after compiling for registered backends only."""
+    from torch._dynamo.backends.registry import _is_registered_backend
+
+    torch.compile(double, backend=backend)(torch.ones(2))
+    [entry] = live_entries(double)
+    assert _is_registered_backend(entry.backend) is registered

@@ -142,3 +142,11 @@ def test_uninstall_restores_upstream(fresh_dynamo):
         assert names == [f"s{upstream_id(src)}" for src in ("L['x'].size()[0]", "L['y'].size()[0]")]
     finally:
         integration.install()
+
+
+def test_an_unknown_part_in_stableguards_disable_is_named(monkeypatch, caplog):
+    monkeypatch.setattr(integration.MANAGER, "disabled", frozenset({"symbol"}))
+    integration._warned.discard("parts")
+    with caplog.at_level(logging.WARNING, logger="stableguards"):
+        integration.install()
+    assert "symbol" in caplog.text and "symbols, pgo, backend" in caplog.text

@@ -1,0 +1,63 @@
+"""python -m stableguards pgo show|diff|clear."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from stableguards.cli import main
+from stableguards.pgo.profile import DYNAMIC, CodeKey, Profile, SourceEntry, specialized, static
+from stableguards.pgo.store import LocalStore
+
+CODE = CodeKey("0badc0de", 12, "train_step", None, "train.py")
+
+
+def store_with(tmp_path, key, **entries) -> LocalStore:
+    store = LocalStore(tmp_path)
+    store.merge_write(key, Profile({CODE: entries}))
+    return store
+
+
+def test_show_lists_and_prints_a_table(tmp_path, capsys):
+    store_with(tmp_path, "job:rank0",
+               **{"L['x']": SourceEntry(DYNAMIC, (DYNAMIC, static(3)), (static(3), static(1))),
+                  "L['n']": SourceEntry(specialized("range_refined_to_singleton"), DYNAMIC, DYNAMIC)})
+    assert main(["--dir", str(tmp_path), "pgo", "show"]) == 0
+    assert "job_rank0  1 frame(s), 2 source(s)" in capsys.readouterr().out
+    assert main(["--dir", str(tmp_path), "pgo", "show", "job:rank0"]) == 0
+    out = capsys.readouterr().out
+    assert "train.py:12 train_step" in out
+    assert "scalar specialized(range_refined_to_singleton)" in out
+    assert "size=[dynamic, 3] stride=[3, 1]" in out
+    assert "1 static" in out and "1 specialized" in out
+
+
+def test_show_accepts_a_file_path(tmp_path, capsys):
+    store = store_with(tmp_path, "job", **{"L['x']": SourceEntry(DYNAMIC, (DYNAMIC,), (static(1),))})
+    assert main(["pgo", "show", str(store.path("job"))]) == 0
+    assert "L['x']" in capsys.readouterr().out
+
+
+def test_diff_names_what_changed(tmp_path, capsys):
+    store_with(tmp_path, "a", **{"L['x']": SourceEntry(DYNAMIC, (static(4),), (static(1),))})
+    store_with(tmp_path, "b", **{"L['x']": SourceEntry(DYNAMIC, (DYNAMIC,), (static(1),)),
+                                 "L['y']": SourceEntry(static(2), DYNAMIC, DYNAMIC)})
+    assert main(["--dir", str(tmp_path), "pgo", "diff", "a", "b"]) == 1
+    out = capsys.readouterr().out
+    assert "size=[4] stride=[1]" in out and "size=[dynamic] stride=[1]" in out
+    assert "L['y']" in out and "scalar 2" in out
+    assert main(["--dir", str(tmp_path), "pgo", "diff", "a", "a"]) == 0
+    assert "no differences" in capsys.readouterr().out
+
+
+def test_clear_removes_a_profile(tmp_path, capsys):
+    store = store_with(tmp_path, "job", **{"L['x']": SourceEntry(DYNAMIC, (DYNAMIC,), (static(1),))})
+    assert main(["--dir", str(tmp_path), "pgo", "clear", "job"]) == 0
+    assert store.read("job") is None
+    assert main(["--dir", str(tmp_path), "pgo", "clear", "job"]) == 1
+
+
+def test_runs_as_a_module(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "stableguards", "--dir", str(tmp_path), "pgo", "show"],
+                          capture_output=True, text=True, check=True)
+    assert "no profiles stored" in proc.stdout

@@ -41,7 +41,7 @@ from stableguards.pgo.identity import code_fingerprint
 _MAX_DEPTH = 12
 _MAX_NODES = 5_000
 
-_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+_SCALARS = (type(None), bool, int, float, complex, bytes)
 # Default reprs embed an address ("<Foo object at 0x7f...>"; torch uses str(backend)
 # as a compiler name).  An address names an object, never a configuration: the
 # object's state is described where the object itself is.
@@ -208,7 +208,7 @@ class _Describer:
     def _function(self, fn: types.FunctionType, depth: int) -> Any:
         d = functools.partial(self.describe, depth=depth)
         closure = ()
-        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True):
             try:
                 closure += ((name, d(cell.cell_contents)),)
             except ValueError:  # an empty cell

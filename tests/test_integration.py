@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 import torch
 import torch._dynamo
 

@@ -108,7 +108,7 @@ def _merge_dims(a: Dims, b: Dims) -> Dims:
         return a
     if isinstance(a, Dim) or isinstance(b, Dim) or len(a) != len(b):
         return DYNAMIC
-    return tuple(x | y for x, y in zip(a, b))
+    return tuple(x | y for x, y in zip(a, b, strict=True))
 
 
 @dataclass(frozen=True)

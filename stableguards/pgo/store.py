@@ -22,8 +22,6 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from filelock import FileLock, Timeout
-
 from stableguards.pgo.profile import VERSION, Profile, ProfileError, dumps, from_json
 
 log = logging.getLogger("stableguards")
@@ -192,11 +190,17 @@ class _Locked:
     """Context manager: the key's file lock, or False (with a warning) if it cannot be had."""
 
     def __init__(self, store: LocalStore, path: Path) -> None:
+        # Imported here, not at the top: this module loads with `import torch`
+        # (the entry point), and only writing a profile needs a lock.
+        from filelock import FileLock
+
         self.store = store
         self.path = path
         self.lock = FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S)
 
     def __enter__(self) -> bool:
+        from filelock import Timeout
+
         try:
             self.lock.acquire()
             return True

@@ -77,11 +77,10 @@ def default_profile_key() -> str:
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     if spec is not None and spec.name:
-        entry = f"-m {spec.name}"
+        entry, label = f"-m {spec.name}", spec.name
     elif sys.argv and sys.argv[0] not in ("", "-", "-c"):
         entry = os.path.abspath(sys.argv[0])
+        label = os.path.splitext(os.path.basename(entry))[0]
     else:
-        entry = "<interactive>"
-    label = os.path.splitext(os.path.basename(entry.split()[-1]))[0] or "interactive"
-    label = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)
+        entry = label = "interactive"
     return f"{label}-{xxhash.xxh64_hexdigest(entry.encode())[:12]}"

@@ -82,7 +82,7 @@ class LocalStore(_WarnOnce):
         self.directory = Path(directory)
 
     def path(self, key: str) -> Path:
-        safe = "".join(ch if ch.isalnum() or ch in "-_.:" else "_" for ch in key).replace(":", "_")
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)
         return self.directory / f"{safe}.json"
 
     def describe(self, key: str) -> str:

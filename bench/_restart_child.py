@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 import torch._dynamo.utils as dynamo_utils
 
+import stableguards
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workloads import WORKLOADS  # noqa: E402
 
@@ -31,6 +33,7 @@ def main(workload_name: str, backend: str) -> dict:
         "recompiles": sum(1 for m in metrics if m.recompile_reason),
         "compile_s": sum(m.entire_frame_compile_time_s or 0.0 for m in metrics),
         "matches_eager": matches_eager(workload, compiled),
+        "explain": stableguards.explain(),
     }
     for group, names in (
         ("inductor", ("fxgraph_cache_hit", "fxgraph_cache_miss")),

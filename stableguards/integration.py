@@ -29,6 +29,7 @@ from types import ModuleType
 from typing import Any
 
 from stableguards.backend_match import BackendFingerprint, BackendKey, fingerprint, key_for
+from stableguards.key_diff import KeyLedger, KeyRecord, differences, nearest
 from stableguards.manager import GuardManager
 from stableguards.pgo.identity import closure_fingerprint, default_profile_key
 from stableguards.pgo.profile import DYNAMIC, UNSET, CodeKey, Dim, Dims, Profile, SourceEntry
@@ -45,7 +46,7 @@ SUPPORTED_TORCH = ("2.13.",)
 
 # STABLEGUARDS_DISABLE=symbols,pgo leaves those parts to torch while the flag is on:
 # for A/B measurements, and for bisecting a part that misbehaves.
-PARTS = ("symbols", "pgo", "backend")
+PARTS = ("symbols", "pgo", "backend", "keys")
 LOG_ARTIFACT = "stableguards"
 MANAGER = GuardManager(disabled=os.environ.get("STABLEGUARDS_DISABLE", ""))
 
@@ -105,6 +106,10 @@ def install() -> None:
     _hook(convert_frame.ConvertFrameAssert, "__call__", _backend_of_compile)
     _hook(convert_frame, "compute_cache_size", _per_backend_cache_size)
     _hook(convert_frame, "get_and_maybe_log_recompilation_reasons", _recompile_reasons)
+    import torch._inductor.codecache as codecache
+
+    # FxGraphCache.prepare_key calls compiled_fx_graph_hash by its module-global name.
+    _hook(codecache, "compiled_fx_graph_hash", _fx_key_explainer)
     _attach_log_artifact()
 
 
@@ -699,3 +704,33 @@ def _attach_log_artifact() -> None:
     logger = torch._logging.getArtifactLogger("torch._dynamo.stableguards", LOG_ARTIFACT)
     if not MANAGER.listeners:
         MANAGER.listeners.append(logger.debug)
+
+
+# --- Why did the FX-graph cache miss? ---------------------------------------------
+
+
+def _fx_key_explainer(original: Callable[..., Any]) -> Callable[..., Any]:
+    def compiled_fx_graph_hash(*args: Any, **kwargs: Any) -> Any:
+        key, debug_lines = original(*args, **kwargs)
+        if enabled("keys"):
+            try:
+                _explain_fx_key(key, debug_lines)
+            except Exception as error:  # noqa: BLE001 - fail open
+                _fell_back("cache key explanation", error)
+        return key, debug_lines
+
+    return compiled_fx_graph_hash
+
+
+def _explain_fx_key(key: str, debug_lines: list[str]) -> None:
+    """On a local miss, diff the key against the closest one recorded; then record it."""
+    from torch._inductor.codecache import FxGraphCache
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    ledger = KeyLedger(Path(cache_dir()) / "stableguards" / "fxkeys")
+    record = KeyRecord.from_debug_lines(key, debug_lines)
+    if not os.path.exists(FxGraphCache._get_tmp_dir_for_key(key)):
+        closest = nearest(record, ledger.recent())
+        MANAGER.note_cache_miss(key, closest.key if closest else None,
+                                differences(record, closest) if closest else [])
+    ledger.record(record)

@@ -161,6 +161,15 @@ class GuardManager:
         self.counters["recompiles"] += 1
         self._record(Note(f"{frame} recompiled: " + "; ".join(reasons)))
 
+    def note_cache_miss(self, key: str, nearest: str | None, differences: list[str]) -> None:
+        """An FX-graph cache miss, against the closest key recorded before, if any."""
+        self.counters["fx_cache_misses"] += 1
+        if nearest is None:
+            return  # nothing recorded to compare with: a cold cache says nothing useful
+        shown = "; ".join(differences[:6]) + (f"; and {len(differences) - 6} more" if len(differences) > 6 else "")
+        self._record(Note(f"FX-graph cache miss for key {key[:12]}: the closest recorded key "
+                          f"{nearest[:12]} differs in {len(differences)} component(s): {shown}"))
+
     def _record(self, event: Collision | Fallback | Note) -> None:
         self._events.append(event)
         for listener in self.listeners:

@@ -51,3 +51,11 @@ def test_artifacts_never_cross_backend_configurations_after_a_restart():
                                                           "TORCHINDUCTOR_MAX_AUTOTUNE": "1"})
     assert other["fxgraph_cache_hit"] == 0 and other["autograd_cache_hit"] == 0
     assert other["matches_eager"]
+
+
+def test_a_restart_miss_is_explained_by_the_key_component_and_symbol():
+    """With the stable parts off, the seed case misses; explain() says which component differs."""
+    warm = measure("seed", "inductor", "on", {"STABLEGUARDS_DISABLE": "symbols,pgo,backend"})["warm"]
+    assert warm["fxgraph_cache_miss"] >= 1
+    miss = next(line for line in warm["explain"].splitlines() if "FX-graph cache miss" in line)
+    assert "example_inputs" in miss and "s68" in miss and "s69" in miss

@@ -121,7 +121,7 @@ class LocalStore(_WarnOnce):
                 return None
             merged = profile if stored is None else stored | profile
             try:
-                self._atomic_write(path, encode(merged))
+                atomic_write(path, encode(merged))
             except OSError as error:
                 self.warn(f"write:{path}", f"cannot write profile {path} ({error}); profile not saved")
                 return None
@@ -170,16 +170,17 @@ class LocalStore(_WarnOnce):
     def _lock(self, path: Path) -> _Locked:
         return _Locked(self, path)
 
-    @staticmethod
-    def _atomic_write(path: Path, data: bytes) -> None:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write through a temp file and a rename: readers see the old file or the new, never half."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 class _Untouchable(Exception):

@@ -1,0 +1,134 @@
+"""Why did the FX-graph cache miss?  Diff the key, component by component.
+
+inductor builds its cache key from named components (the graph, each example
+input, every inductor config value, the torch version...) and can list them
+as ``[hash] name: value`` lines.  Kept in a small ledger beside the cache,
+those lines let a later process that misses find the recorded key closest to
+its own and name exactly what differs: a symbol renamed in one input
+(``('s68',)`` against ``('s69',)``), a config value, a line of the graph.
+The idea is JAX's cache-key logging, applied after the fact.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from stableguards.pgo.store import atomic_write
+
+_LINE = re.compile(r"\[(?P<hash>[^\]]+)\] (?P<name>[^:]+): (?P<value>.*)", re.DOTALL)
+# Enough of a value to show what differs; the graph's code can be long.
+_MAX_VALUE = 4000
+# How many recorded keys a miss is compared with (the most recent ones).
+_MAX_CANDIDATES = 500
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    """A cache key and its components: name -> (hash, value as inductor printed it)."""
+
+    key: str
+    components: dict[str, tuple[str, str]]
+
+    @classmethod
+    def from_debug_lines(cls, key: str, lines: Iterable[str]) -> KeyRecord:
+        components = {}
+        for line in lines:
+            match = _LINE.match(line)
+            if match:
+                components[match["name"]] = (match["hash"], match["value"][:_MAX_VALUE])
+        return cls(key, components)
+
+    def shared(self, other: KeyRecord) -> int:
+        return sum(1 for name, (h, _) in self.components.items()
+                   if other.components.get(name, (None,))[0] == h)
+
+
+def nearest(record: KeyRecord, candidates: Iterable[KeyRecord]) -> KeyRecord | None:
+    """The recorded key most like ``record``'s (never itself), or None.
+
+    The same graph compiled before under another key is the most telling
+    match (its other components say why the key changed), so candidates with
+    an identical ``gm`` component come first; then the most shared components.
+    """
+    graph = record.components.get("gm", ("",))[0]
+
+    def likeness(candidate: KeyRecord) -> tuple[bool, int]:
+        return candidate.components.get("gm", (None,))[0] == graph, record.shared(candidate)
+
+    best = max((c for c in candidates if c.key != record.key), key=likeness, default=None)
+    return best if best is not None and record.shared(best) > 0 else None
+
+
+def differences(new: KeyRecord, old: KeyRecord) -> list[str]:
+    """What differs, one line per component, showing the first differing line of long values."""
+    out = []
+    for name in sorted(new.components.keys() | old.components.keys()):
+        new_hash, new_value = new.components.get(name, (None, "<absent>"))
+        old_hash, old_value = old.components.get(name, (None, "<absent>"))
+        if new_hash != old_hash:
+            out.append(f"{name}: {_first_difference(old_value, new_value)}")
+    return out
+
+
+def _first_difference(old: str, new: str) -> str:
+    old_lines, new_lines = old.splitlines() or [""], new.splitlines() or [""]
+    if len(old_lines) == 1 and len(new_lines) == 1:
+        at = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+        return f"{_window(old, at)} -> {_window(new, at)}"
+    for tag, i1, _, j1, _ in difflib.SequenceMatcher(a=old_lines, b=new_lines).get_opcodes():
+        if tag != "equal":
+            before = old_lines[i1] if i1 < len(old_lines) else "<end>"
+            after = new_lines[j1] if j1 < len(new_lines) else "<end>"
+            return f"line {j1 + 1}: {_clip(before.strip())} -> {_clip(after.strip())}"
+    return "same text, different hash"
+
+
+def _window(text: str, at: int, before: int = 30, after: int = 60) -> str:
+    """The part of a long one-line value around position ``at``, where it differs."""
+    start, end = max(0, at - before), at + after
+    return ("..." if start else "") + text[start:end] + ("..." if end < len(text) else "")
+
+
+def _clip(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class KeyLedger:
+    """One small JSON file per recorded key, in a directory beside the cache."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+
+    def record(self, record: KeyRecord) -> None:
+        path = self.directory / f"{record.key}.json"
+        if path.exists():
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps({"key": record.key, "components": record.components}).encode())
+
+    def recent(self, limit: int = _MAX_CANDIDATES) -> list[KeyRecord]:
+        """The most recently recorded keys; unreadable files are skipped (this only explains)."""
+        if not self.directory.is_dir():
+            return []
+        paths = sorted(self.directory.glob("*.json"), key=_mtime, reverse=True)[:limit]
+        records = []
+        for path in paths:
+            try:
+                data = json.loads(path.read_text())
+                records.append(KeyRecord(data["key"], {k: (v[0], v[1]) for k, v in data["components"].items()}))
+            except (OSError, ValueError, KeyError, TypeError, IndexError):
+                continue
+        return records
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0

@@ -1,0 +1,67 @@
+"""Explaining FX-graph cache misses by diffing key components."""
+
+from __future__ import annotations
+
+from stableguards.key_diff import KeyLedger, KeyRecord, differences, nearest
+
+CODE = "<lambda>()\n\ndef forward(self, arg0_1, arg1_1):\n    mul = torch.ops.aten.mul.Tensor(arg1_1, {s})\n    return (mul,)"
+
+
+def record(key: str, symbol: str, debug: bool = False) -> KeyRecord:
+    lines = [
+        f"[g-{symbol}] gm: {CODE.format(s=symbol)}",
+        f"[e-{symbol}] example_inputs[0]: ('{symbol}',)",
+        "[t] torch_version: 2.13",
+        f"[c-{debug}] inductor_config[debug]: {debug}",
+    ]
+    return KeyRecord.from_debug_lines(key, lines)
+
+
+def test_components_are_parsed_with_multiline_values():
+    rec = record("k1", "s68")
+    assert rec.components["example_inputs[0]"] == ("e-s68", "('s68',)")
+    assert rec.components["gm"][1].count("\n") == 4
+
+
+def test_nearest_shares_the_most_components_and_is_never_itself():
+    new = record("new", "s69")
+    same_symbol_other_config = record("a", "s69", debug=True)
+    other_symbol = record("b", "s68")
+    assert nearest(new, [new, other_symbol, same_symbol_other_config]) is same_symbol_other_config
+    assert nearest(new, [new]) is None
+
+
+def test_differences_name_the_component_and_the_symbol():
+    diffs = differences(record("new", "s69"), record("old", "s68"))
+    assert "example_inputs[0]: ('s68',) -> ('s69',)" in diffs
+    gm = next(d for d in diffs if d.startswith("gm:"))
+    assert "line 4" in gm and "s68" in gm and "s69" in gm
+    assert not any(d.startswith("torch_version") for d in diffs)
+
+
+def test_ledger_round_trip_skips_unreadable_files(tmp_path):
+    ledger = KeyLedger(tmp_path)
+    ledger.record(record("k1", "s68"))
+    ledger.record(record("k1", "s99"))  # a key is recorded once
+    (tmp_path / "broken.json").write_text("{not json")
+    [only] = ledger.recent()
+    assert only == record("k1", "s68")
+
+
+def test_the_same_graph_under_another_key_is_preferred():
+    """A graph that differs only in its symbols beats another graph with the same symbols."""
+    new = KeyRecord.from_debug_lines("new", ["[G] gm: same code", "[a69] example_inputs[0]: ('s69',)",
+                                             "[b69] example_inputs[1]: shape=[s69]", "[t] torch_version: x"])
+    same_graph = KeyRecord.from_debug_lines("old1", ["[G] gm: same code", "[a68] example_inputs[0]: ('s68',)",
+                                                     "[b68] example_inputs[1]: shape=[s68]", "[t] torch_version: x"])
+    other_graph = KeyRecord.from_debug_lines("old2", ["[H] gm: other code", "[a69] example_inputs[0]: ('s69',)",
+                                                      "[b69] example_inputs[1]: shape=[s69]", "[t] torch_version: x"])
+    assert nearest(new, [other_graph, same_graph]) is same_graph
+
+
+def test_a_difference_deep_in_a_long_value_is_shown():
+    prefix = "TensorMetadata(dtype=torch.float32, " + "x" * 300
+    new = KeyRecord.from_debug_lines("n", [f"[1] example_inputs[1]: {prefix} shape=[s69])"])
+    old = KeyRecord.from_debug_lines("o", [f"[2] example_inputs[1]: {prefix} shape=[s68])"])
+    [line] = differences(new, old)
+    assert "s68" in line and "s69" in line and line.count("...") == 2

@@ -4,7 +4,7 @@
 #
 #   ./dev.sh demo    cross-restart A/B demo: prints the table, writes bench/out/
 #   ./dev.sh test    the test suite
-#   ./dev.sh bench   the micro-benchmarks (allocator, import time, profile I/O, backends)
+#   ./dev.sh bench   the micro-benchmarks (allocator, import time, profile I/O, backends, key ledger)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -32,6 +32,7 @@ case "${1:-}" in
         .venv/bin/python bench/pgo_io.py
         .venv/bin/python bench/backend_switch.py
         .venv/bin/python bench/backend_call_cost.py
+        .venv/bin/python bench/key_ledger.py
         ;;
     *)
         echo "usage: ./dev.sh demo|test|bench" >&2

@@ -8,12 +8,11 @@ or --redis is given) or by the path of a profile file.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections import Counter
 from pathlib import Path
 
-from stableguards.pgo.profile import Dim, Profile, SourceEntry, State
+from stableguards.pgo.profile import Profile, State
 from stableguards.pgo.store import LocalStore, ProfileStore, RedisStore
 
 
@@ -45,14 +44,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _store(args: argparse.Namespace) -> ProfileStore:
-    url = args.redis or (None if args.dir else os.environ.get("STABLEGUARDS_PGO_REDIS_URL"))
-    if url:
-        return RedisStore(url)
+    if args.redis:
+        return RedisStore(args.redis)
     if args.dir:
         return LocalStore(args.dir)
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    from stableguards.integration import profile_store  # the store compiles use
 
-    return LocalStore(Path(cache_dir()) / "stableguards" / "pgo")
+    store = profile_store()
+    if store is None:
+        raise SystemExit("no profile store: see the warning above")
+    return store
 
 
 def _resolve(store: ProfileStore, name: str) -> tuple[ProfileStore, str]:
@@ -87,7 +88,7 @@ def _show(where: str, profile: Profile) -> int:
     rows = [(f"{code.filename}:{code.firstlineno} {code.name}", name, str(entry))
             for code, name, entry in profile.entries()]
     _print_table(("frame", "source", "state"), rows)
-    states = Counter(dim.state for _, _, entry in profile.entries() for dim in _dims(entry))
+    states = Counter(dim.state for _, _, entry in profile.entries() for dim in entry.dims())
     print(", ".join(f"{states[s]} {s.name.lower()}" for s in State if s != State.UNSET and states[s])
           or "empty profile")
     return 0
@@ -119,12 +120,6 @@ def _clear(store: ProfileStore, name: str) -> int:
         return 0
     print(f"no profile at {store.describe(key)}")
     return 1
-
-
-def _dims(entry: SourceEntry) -> list[Dim]:
-    if entry.kind() == "scalar":
-        return [entry.scalar]
-    return list(entry.size) if isinstance(entry.size, tuple) else [entry.size]
 
 
 def _print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:

@@ -312,9 +312,14 @@ def profile_store() -> ProfileStore | None:
             _warn_once("redis", f"{REDIS_ENV_VAR} is set but the redis package is not installed "
                                 "(pip install 'stableguards[redis]'); compiling without a profile")
             return None
+    return LocalStore(cache_subdir("pgo"))
+
+
+def cache_subdir(name: str) -> Path:
+    """``<inductor cache dir>/stableguards/<name>``: where stableguards keeps its files."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    return LocalStore(Path(cache_dir()) / "stableguards" / "pgo")
+    return Path(cache_dir()) / "stableguards" / name
 
 
 def _rank() -> int:
@@ -725,9 +730,8 @@ def _fx_key_explainer(original: Callable[..., Any]) -> Callable[..., Any]:
 def _explain_fx_key(key: str, debug_lines: list[str]) -> None:
     """On a local miss, diff the key against the closest one recorded; then record it."""
     from torch._inductor.codecache import FxGraphCache
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    ledger = KeyLedger(Path(cache_dir()) / "stableguards" / "fxkeys")
+    ledger = KeyLedger(cache_subdir("fxkeys"))
     record = KeyRecord.from_debug_lines(key, debug_lines)
     if not os.path.exists(FxGraphCache._get_tmp_dir_for_key(key)):
         closest = nearest(record, ledger.recent())

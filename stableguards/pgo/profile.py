@@ -126,6 +126,12 @@ class SourceEntry:
             _merge_dims(self.stride, other.stride),
         )
 
+    def dims(self) -> tuple[Dim, ...]:
+        """The dimensions that describe this source: the value of a scalar, the sizes of a tensor."""
+        if self.kind() == "scalar":
+            return (self.scalar,)
+        return self.size if isinstance(self.size, tuple) else (self.size,)
+
     def kind(self) -> str:
         if isinstance(self.size, tuple):
             return "tensor"

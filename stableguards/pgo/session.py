@@ -98,8 +98,7 @@ def specialized_sources(profile: Profile) -> set[tuple[CodeKey, str, Dim]]:
     """Dimensions a compile specialized: the next process starts them unset, not dynamic."""
     found = set()
     for code, name, entry in profile.entries():
-        dims = [entry.scalar] + (list(entry.size) if isinstance(entry.size, tuple) else [])
-        found |= {(code, name, d) for d in dims if d.state == State.SPECIALIZED}
+        found |= {(code, name, d) for d in entry.dims() if d.state == State.SPECIALIZED}
     return found
 
 

@@ -4,7 +4,8 @@
 #
 #   ./dev.sh demo    cross-restart A/B demo: prints the table, writes bench/out/
 #   ./dev.sh test    the test suite
-#   ./dev.sh bench   the micro-benchmarks (allocator, import time, profile I/O, backends, key ledger)
+#   ./dev.sh bench   the micro-benchmarks (allocator, import time, profile I/O, backends, key ledger,
+#                    optimizer steps; cudagraph checks on a CUDA machine)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -31,6 +32,9 @@ case "${1:-}" in
         .venv/bin/python bench/import_time.py
         .venv/bin/python bench/pgo_io.py
         .venv/bin/python bench/backend_switch.py
+        .venv/bin/python bench/optimizer_table.py
+        .venv/bin/python bench/optimizer_rebuild.py
+        .venv/bin/python bench/cudagraph_static.py
         .venv/bin/python bench/backend_call_cost.py
         .venv/bin/python bench/key_ledger.py
         ;;

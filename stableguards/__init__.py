@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from stableguards.integration import MANAGER as manager
 from stableguards.integration import arm as _arm
+from stableguards.optimizer_guards import static_grads
 
-__all__ = ["explain", "manager"]
+__all__ = ["explain", "manager", "static_grads"]
 
 
 def explain() -> str:

@@ -14,6 +14,7 @@ program that never compiles pays only for this module's import.
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import importlib.abc
 import importlib.util
@@ -29,8 +30,10 @@ from types import ModuleType
 from typing import Any
 
 from stableguards.backend_match import BackendFingerprint, BackendKey, fingerprint, key_for
+from stableguards.cudagraph_checks import StaticInputMoved, StaticInputWatch, copied_grads_message, input_names
 from stableguards.key_diff import KeyLedger, KeyRecord, differences, nearest
 from stableguards.manager import GuardManager
+from stableguards.optimizer_guards import OptimizerLives
 from stableguards.pgo.identity import closure_fingerprint, default_profile_key
 from stableguards.pgo.profile import DYNAMIC, UNSET, CodeKey, Dim, Dims, Profile, SourceEntry
 from stableguards.pgo.profile import State, specialized, static
@@ -46,7 +49,7 @@ SUPPORTED_TORCH = ("2.13.",)
 
 # STABLEGUARDS_DISABLE=symbols,pgo leaves those parts to torch while the flag is on:
 # for A/B measurements, and for bisecting a part that misbehaves.
-PARTS = ("symbols", "pgo", "backend", "keys")
+PARTS = ("symbols", "pgo", "backend", "keys", "optimizer", "cudagraphs")
 LOG_ARTIFACT = "stableguards"
 MANAGER = GuardManager(disabled=os.environ.get("STABLEGUARDS_DISABLE", ""))
 
@@ -69,6 +72,7 @@ def arm() -> None:
         elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
             sys.meta_path.insert(0, _AfterImport("torch._dynamo", lambda _: install()))
     except Exception as error:  # noqa: BLE001 - must not break `import torch`
+        uninstall()
         _warn_once("arm", f"stableguards could not arm its hooks ({error!r}); it is inactive")
 
 
@@ -98,7 +102,7 @@ def install() -> None:
     _hook(pgo, "get_code_state", _profile_reader)
     # convert_frame imported put_code_state by name: its copy is the one called.
     _hook(convert_frame, "put_code_state", _profile_writer)
-    _hook(convert_frame.DynamoOutput, "build_guards", _outcome_recorder)
+    _hook(convert_frame.DynamoOutput, "build_guards", _guard_builder)
     import torch._dynamo.eval_frame as eval_frame
 
     # BACKEND_MATCH.  convert_frame imported its helpers by name: patch its copies.
@@ -106,11 +110,38 @@ def install() -> None:
     _hook(convert_frame.ConvertFrameAssert, "__call__", _backend_of_compile)
     _hook(convert_frame, "compute_cache_size", _per_backend_cache_size)
     _hook(convert_frame, "get_and_maybe_log_recompilation_reasons", _recompile_reasons)
-    import torch._inductor.codecache as codecache
+    from torch._dynamo.variables import builder, dicts
+    from torch._dynamo.variables.optimizer import OptimizerVariable
 
+    # Optimizer steps.  builder imported is_from_optimizer_source by name: patch its copy.
+    _hook(OptimizerVariable, "__init__", _note_optimizer_seen)
+    _hook(OptimizerVariable, "map_sources_and_install_guards", _optimizer_state_dicts)
+    _hook(builder, "is_from_optimizer_source", _grads_fully_guarded)
+    _hook(dicts.ConstDictVariable, "has_new_items", _same_slot_is_not_new)
+    # Importing inductor while torch._dynamo finishes importing is circular (this
+    # runs at the end of that import): its hooks go in when inductor loads them.
+    _after_import("torch._inductor.codecache", _hook_codecache)
+    _after_import("torch._inductor.cudagraph_trees", _hook_cudagraphs)
+    _attach_log_artifact()
+
+
+def _after_import(module_name: str, install_hooks: Callable[[ModuleType], None]) -> None:
+    """Run ``install_hooks`` on the module now if it is loaded, else once it is."""
+    module = sys.modules.get(module_name)
+    if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
+        install_hooks(module)
+    elif not any(isinstance(f, _AfterImport) and f.callback is install_hooks for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(module_name, install_hooks))
+
+
+def _hook_codecache(codecache: ModuleType) -> None:
     # FxGraphCache.prepare_key calls compiled_fx_graph_hash by its module-global name.
     _hook(codecache, "compiled_fx_graph_hash", _fx_key_explainer)
-    _attach_log_artifact()
+
+
+def _hook_cudagraphs(cudagraph_trees: ModuleType) -> None:
+    _hook(cudagraph_trees.CUDAGraphNode, "__init__", _record_static_inputs)
+    _hook(cudagraph_trees.CUDAGraphNode, "check_invariants", _explain_static_input_moves)
 
 
 def uninstall() -> None:
@@ -118,6 +149,7 @@ def uninstall() -> None:
     for (owner, name), original in _originals.items():
         setattr(owner, name, original)
     _originals.clear()
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _AfterImport)]
 
 
 def enabled(part: str) -> bool:
@@ -195,6 +227,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             try:
                 callback(module)
             except Exception as error:  # noqa: BLE001 - never break the user's import
+                uninstall()  # all hooks or none: half a library would be worse than none
                 _warn_once("install", f"stableguards could not install ({error!r}); it is inactive")
 
         spec.loader.exec_module = exec_then_callback  # type: ignore[method-assign]
@@ -255,11 +288,24 @@ def _profile_writer(original: Callable[[], None]) -> Callable[[], None]:
     return put_code_state
 
 
-def _outcome_recorder(original: Callable[..., Any]) -> Callable[..., Any]:
-    """After a frame compiled, note which dynamic dimensions stayed dynamic."""
+def _guard_builder(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Around building a compiled frame's guards: optimizer guards before, outcomes after."""
 
     def build_guards(self: Any, code: Any, *args: Any, **kwargs: Any) -> Any:
+        output = self.tracer_output.output_graph
+        steps = getattr(output, _STEPS, None) if enabled("optimizer") else None
+        seen = _optimizers_seen(output) if enabled("optimizer") else None
+        if steps:
+            try:
+                _guard_state_dicts_by_version(output, steps)
+            except Exception as error:  # noqa: BLE001 - fail open
+                _fell_back("optimizer guards", error)
         guards = original(self, code, *args, **kwargs)
+        if seen:
+            try:
+                _tie_to_optimizers(seen, guards)
+            except Exception as error:  # noqa: BLE001 - fail open
+                _fell_back("optimizer lifetime", error)
         if enabled("pgo") and MANAGER.profile is not None:
             try:
                 _record_outcomes(code, self.tracer_output)
@@ -484,6 +530,8 @@ class _KeyedBackend:
                 setattr(self, name, getattr(backend, name))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if args and enabled("cudagraphs"):
+            _note_input_sources(args[0])
         return self._backend(*args, **kwargs)
 
     def reset(self) -> None:
@@ -579,14 +627,14 @@ def _registered_name(obj: Any) -> str | None:
     return None
 
 
-# Keys whose last backend died, waiting for a safe moment to release their entries.
-_pending_release: list[BackendKey] = []
+# Releases waiting for a safe moment: a key whose last backend died, an optimizer that died.
+_pending_release: list[Callable[[], None]] = []
 
 
-def _release_entries(key: BackendKey) -> None:
-    """A key's last backend died: release its cache entries, now if that is safe.
+def _release_soon(release: Callable[[], None]) -> None:
+    """Run ``release`` now if that is safe, else at the next safe point.
 
-    This runs from a finalizer, which can fire inside torch's own cache work
+    Releases run from finalizers, which can fire inside torch's own cache work
     (torch._dynamo.reset() dropping the last reference, say), where walking the
     cache entries would touch freed memory.  Dynamo holds compile_lock during
     compiles and resets; inside it, the release waits for the next safe point
@@ -594,36 +642,48 @@ def _release_entries(key: BackendKey) -> None:
     """
     import torch._dynamo.convert_frame as convert_frame
 
-    _pending_release.append(key)
+    _pending_release.append(release)
     if not convert_frame.compile_lock._is_owned():
         _release_pending()
 
 
 def _release_pending() -> None:
-    """Invalidate the cache entries of every pending key: their compiled code can go."""
-    try:
-        import torch._C._dynamo.eval_frame as c_eval_frame
-        import torch._dynamo.convert_frame as convert_frame
-        from torch._dynamo.guards import DeletedGuardManagerWrapper
+    while _pending_release:
+        release = _pending_release.pop()
+        try:
+            release()
+        except Exception as error:  # noqa: BLE001 - may run from a finalizer: never raise
+            _fell_back("cache entry release", error)
 
-        while _pending_release:
-            key = _pending_release.pop()
-            if key.alive:  # an equal backend came along meanwhile: its code is still wanted
-                continue
-            released = 0
-            for ref in list(convert_frame.input_codes.seen):
-                code = ref()
-                if code is None:
-                    continue
-                for entry in c_eval_frame._debug_get_cache_entry_list(code):
-                    manager = entry.guard_manager
-                    if entry.backend is key and getattr(manager, "extra_state", None) is not None:
-                        manager.extra_state.invalidate(
-                            manager.cache_entry, DeletedGuardManagerWrapper("backend was collected"))
-                        released += 1
+
+def _invalidate_entries(dead: Callable[[Any], bool], why: str) -> int:
+    """Invalidate every cache entry ``dead`` picks: its compiled code and guards can go."""
+    import torch._C._dynamo.eval_frame as c_eval_frame
+    import torch._dynamo.convert_frame as convert_frame
+    from torch._dynamo.guards import DeletedGuardManagerWrapper
+
+    released = 0
+    for ref in list(convert_frame.input_codes.seen):
+        code = ref()
+        if code is None:
+            continue
+        for entry in c_eval_frame._debug_get_cache_entry_list(code):
+            manager = entry.guard_manager
+            if dead(entry) and getattr(manager, "extra_state", None) is not None:
+                manager.extra_state.invalidate(manager.cache_entry, DeletedGuardManagerWrapper(why))
+                released += 1
+    return released
+
+
+def _release_entries(key: BackendKey) -> None:
+    """A key's last backend died: release its cache entries (unless an equal backend came back)."""
+
+    def release() -> None:
+        if not key.alive:
+            released = _invalidate_entries(lambda e: e.backend is key, "backend was collected")
             MANAGER.note_backend_released(str(key.fingerprint), released)
-    except Exception as error:  # noqa: BLE001 - may run from a finalizer: never raise
-        _fell_back("backend release", error)
+
+    _release_soon(release)
 
 
 def _backend_of_compile(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -670,12 +730,19 @@ def _note_switch(code: Any, key: BackendKey) -> None:
 
 
 def _per_backend_cache_size(original: Callable[..., Any]) -> Callable[..., Any]:
-    """The recompile limit counts the live entries of the backend being compiled for."""
+    """The recompile limit counts the live entries of the backend being compiled for.
+
+    Invalidated entries (their backend or optimizer was collected) can never
+    run again, so they do not count either: rebuilding an optimizer must not
+    use up the frame's room.
+    """
 
     def compute_cache_size(frame: Any, cache_entries: Any, *args: Any) -> Any:
         key = _current_key.get()
         if key is not None:
             cache_entries = [e for e in cache_entries if e.backend is key and e.code is not None]
+        elif enabled("optimizer"):
+            cache_entries = [e for e in cache_entries if e.code is not None]
         return original(frame, cache_entries, *args)
 
     return compute_cache_size
@@ -738,3 +805,304 @@ def _explain_fx_key(key: str, debug_lines: list[str]) -> None:
         MANAGER.note_cache_miss(key, closest.key if closest else None,
                                 differences(record, closest) if closest else [])
     ledger.record(record)
+
+
+# --- Optimizer steps ----------------------------------------------------------------
+#
+# The reasoning is in stableguards/optimizer_guards.py; here is where Dynamo is told.
+
+# Set on the OutputGraph being traced (it lives as long as the trace does): per
+# optimizer step, (weak optimizer, [(source of opt.state[p], that dict)]).
+_STEPS = "_stableguards_optimizer_steps"
+
+
+def _optimizer_state_dicts(original: Callable[..., None]) -> Callable[..., None]:
+    """Note each per-parameter state dict an optimizer step reads, with the source Dynamo gave it."""
+
+    def map_sources_and_install_guards(self: Any, tx: Any) -> None:
+        original(self, tx)
+        if enabled("optimizer") and _DICT_VERSIONS_SOUND:
+            try:
+                from torch._dynamo.source import AttrSource, ConstDictKeySource, DictGetItemSource
+
+                state = AttrSource(self.source, "state")
+                dicts = [(DictGetItemSource(state, ConstDictKeySource(state, i)), d)
+                         for i, d in enumerate(self.value.state.values()) if type(d) is dict]
+                if not hasattr(tx.output, _STEPS):
+                    setattr(tx.output, _STEPS, [])
+                getattr(tx.output, _STEPS).append((weakref.ref(self.value), dicts))
+                tx.output.add_graph_finalizer(_state_leaves_with(weakref.ref(self.value)))
+            except Exception as error:  # noqa: BLE001 - fail open
+                _fell_back("optimizer state dicts", error)
+        if enabled("cudagraphs"):
+            try:
+                _warn_copied_grads(self)
+            except Exception as error:  # noqa: BLE001 - fail open
+                _fell_back("cudagraph grad copies", error)
+
+    return map_sources_and_install_guards
+
+
+def _state_leaves_with(optimizer: weakref.ref[Any]) -> Callable[[Any], None]:
+    """A graph finalizer: the graph drops the optimizer's state tensors when the optimizer dies.
+
+    The graph holds them as buffers.  Upstream's finalizer pops them by the
+    names of their sources, but Dynamo registers them under the names of other
+    sources for the same tensors (``...state___1___exp_avg`` for
+    ``...state[list(dict.keys(...))[1]]``), so a graph something else holds
+    keeps every state tensor alive.  Found by identity instead, they go.
+    """
+
+    def init(gm: Any) -> None:
+        opt = optimizer()
+        if opt is None:
+            return
+        owned = {id(t) for state in opt.state.values() for t in state.values()}
+        names = [n for n, t in gm._buffers.items() if id(t) in owned]
+        graph = weakref.ref(gm)
+
+        def drop() -> None:
+            if (g := graph()) is not None:
+                for name in names:
+                    g._buffers.pop(name, None)
+
+        weakref.finalize(opt, drop)
+
+    return init
+
+
+# Dict version tags: PEP 509, deprecated in 3.12 and gone in 3.14, where torch
+# checks dicts otherwise.  Where the tags are not there, upstream's guards stay.
+_DICT_VERSIONS_SOUND = sys.version_info < (3, 14)
+
+
+def _guard_state_dicts_by_version(output: Any, steps: list) -> None:
+    """Replace identity guards on state tensors by one DICT_VERSION per state dict.
+
+    A dict is covered only if this frame does not put a new object into it (its
+    first step, say): the compiled code would change its version right away,
+    and the next call would recompile for nothing.
+    """
+    from torch._dynamo.guards import GuardBuilder
+
+    side_effects = output.side_effects
+    covered = {}
+    for _, dicts in steps:
+        for source, d in dicts:
+            var = side_effects.id_to_variable.get(id(d))
+            if var is not None and side_effects.is_modified(var) and var.has_new_items():
+                continue
+            covered[source] = d
+    if not covered:
+        return
+    guards = output.guards
+    # The dict's own guards (type, length, keys) and its values' identities.
+    dropped = [g for g in guards if g.originating_source in covered
+               or (g.create_fn_name() == "ID_MATCH"
+                   and getattr(g.originating_source, "base", None) in covered)]
+    for guard in dropped:
+        guards.inner.discard(guard)
+        guards.source_to_guards[guard.originating_source].remove(guard)
+    for source in covered:
+        output.guard_on_key_order.discard(source)
+        guards.add(source.make_guard(GuardBuilder.DICT_VERSION), collect_debug_stack=False)
+    MANAGER.note_optimizer_guards(len(covered), len(dropped))
+
+
+# Backends that run the traced ops as they are, so their code does not depend on
+# a grad's strides.
+_STRIDE_AGNOSTIC_BACKENDS = frozenset({"eager", "aot_eager"})
+
+
+def _grads_fully_guarded(original: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """Grads reached through an optimizer get TENSOR_MATCH, as other inputs do.
+
+    Upstream checks only that they are not None, so a grad whose strides changed
+    reaches code compiled for the old strides: inductor's asserts fail where
+    eager works.  Backends that do not specialize on strides keep the cheap
+    check; an unknown backend gets the full one.
+    """
+
+    def is_from_optimizer_source(source: Any) -> bool:
+        if not enabled("optimizer"):
+            return original(source)
+        key = _current_key.get()
+        if getattr(key, "compiler_name", None) in _STRIDE_AGNOSTIC_BACKENDS:
+            return original(source)
+        return False
+
+    return is_from_optimizer_source
+
+
+def _same_slot_is_not_new(original: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """A dict value read from the very slot it is written back to is not a new item.
+
+    SGD stores each momentum buffer back into ``opt.state[p]`` every step.
+    Upstream sees a new VariableTracker and writes the dict back after the graph,
+    locating ``opt.state[p]`` by position in a walk over ``opt.state``'s keys:
+    N walks per step, O(N^2).  Writing a slot's own value back is a no-op, so
+    nothing needs writing.
+    """
+
+    def has_new_items(self: Any) -> bool:
+        if not original(self):
+            return False
+        if self.should_reconstruct_all or not enabled("optimizer"):
+            return True
+        try:
+            return any(_is_new(self, key, value) for key, value in self.items.items())
+        except Exception as error:  # noqa: BLE001 - fail open
+            _fell_back("optimizer state write-back", error)
+            return True
+
+    return has_new_items
+
+
+def _is_new(dict_var: Any, key: Any, value: Any) -> bool:
+    from torch._dynamo.source import ConstDictKeySource, DictGetItemSource
+
+    if not dict_var.is_new_item(dict_var.original_items.get(key.vt), value):
+        return False
+    source = value.source if value.is_realized() else None
+    if not isinstance(source, DictGetItemSource) or source.base != dict_var.source:
+        return True
+    index = source.index
+    if isinstance(index, ConstDictKeySource):
+        originals = tuple(dict_var.original_items)
+        if index.base != dict_var.source or index.index >= len(originals):
+            return True
+        slot = originals[index.index]
+        return not (slot.is_python_constant() and key.vt.is_python_constant()
+                    and slot.as_python_constant() == key.vt.as_python_constant())
+    return not (key.vt.is_python_constant() and key.vt.as_python_constant() == index)
+
+
+def _note_optimizer_seen(original: Callable[..., None]) -> Callable[..., None]:
+    """Every frame that sees an optimizer, not only its step, is compiled for that object."""
+
+    def __init__(self: Any, value: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, value, *args, **kwargs)
+        if enabled("optimizer"):
+            from torch._guards import TracingContext
+
+            context = TracingContext.try_get()
+            if context is not None:
+                seen = context.__dict__.setdefault(_SEEN, weakref.WeakSet())
+                seen.add(value)
+
+    return __init__
+
+
+_SEEN = "_stableguards_optimizers"
+
+
+def _optimizers_seen(output: Any) -> list[Any]:
+    return list(getattr(output.tracing_context, _SEEN, ()))
+
+
+def _tie_to_optimizers(optimizers: list[Any], check_fn: Any) -> None:
+    """The entry being built dies with the optimizers it was traced for.
+
+    Invalidating it drops its code; Dynamo's CleanupManager then removes the
+    globals that code installed (compiled function, resume functions), and
+    with them the graph.
+    """
+    for optimizer in optimizers:
+        _OPTIMIZER_LIVES.depend(optimizer, check_fn)
+
+
+def _optimizer_died(description: str, check_fns: list[Any]) -> None:
+    """An optimizer was collected: release the cache entries compiled for it.
+
+    Through the CheckFunctionManager's own ``invalidate``, which also drops its
+    guard manager: torch keeps some CheckFunctionManagers alive for good (its
+    finalizer on ``type(G['holder'])``, an immortal ``dict``, say), and the
+    guard manager must not stay with them.
+    """
+    from torch._dynamo.guards import DeletedGuardManagerWrapper
+
+    def release() -> None:
+        live = [c for c in check_fns if not isinstance(c.guard_manager, DeletedGuardManagerWrapper)]
+        for check_fn in live:
+            check_fn.invalidate(obj_str=f"optimizer {description}")
+        MANAGER.note_optimizer_released(description, len(live))
+
+    _release_soon(release)
+
+
+_OPTIMIZER_LIVES = OptimizerLives(_optimizer_died)
+
+
+def _warn_copied_grads(optimizer_var: Any) -> None:
+    """Say once per optimizer which grads cudagraphs will copy (upstream: only under perf_hints)."""
+    from torch._dynamo.variables.optimizer import _is_static_for_cudagraphs
+
+    copied = [source.name for grad, source in optimizer_var.grad_to_source.items()
+              if not _is_static_for_cudagraphs(grad)]
+    if copied:
+        _warn_once(f"copied grads {id(optimizer_var.value)}", copied_grads_message(copied))
+
+
+# --- cudagraph static inputs ---------------------------------------------------------
+#
+# A CUDAGraphNode is one recording of a compiled function; a re-record makes a
+# sibling node for the same function, so the watch is keyed by the function's id.
+_STATIC_INPUTS = StaticInputWatch()
+# The Dynamo sources of each recent compile's graph inputs, by compile id: the
+# graph that cudagraphs records later only has inductor's placeholder names.
+_input_sources: collections.OrderedDict[Any, list[str]] = collections.OrderedDict()
+_MAX_COMPILES_NAMED = 256
+
+
+def _note_input_sources(gm: Any) -> None:
+    from torch._guards import CompileContext
+
+    try:
+        graph_args = [n.meta.get("grapharg") for n in gm.graph.find_nodes(op="placeholder")]
+        compile_id = CompileContext.current_compile_id()
+    except Exception as error:  # noqa: BLE001 - fail open
+        _fell_back("cudagraph input names", error)
+        return
+    _input_sources[compile_id] = [a.source.name if a is not None and a.source is not None else "?"
+                                  for a in graph_args]
+    while len(_input_sources) > _MAX_COMPILES_NAMED:
+        _input_sources.popitem(last=False)
+
+
+def _record_static_inputs(original: Callable[..., None]) -> Callable[..., None]:
+    def __init__(self: Any, wrapped_function: Any, id: Any, parent: Any, inputs: Any,
+                 *args: Any, **kwargs: Any) -> None:
+        original(self, wrapped_function, id, parent, inputs, *args, **kwargs)
+        if enabled("cudagraphs"):
+            try:
+                compile_id = args[5] if len(args) > 5 else kwargs.get("compile_id")
+                names = input_names([p.name for p in wrapped_function.placeholders],
+                                    _input_sources.get(compile_id))
+                _STATIC_INPUTS.record(wrapped_function.id, inputs, self.tensor_static_input_idxs, names)
+            except Exception as error:  # noqa: BLE001 - fail open
+                _fell_back("cudagraph static inputs", error)
+
+    return __init__
+
+
+def _explain_static_input_moves(original: Callable[..., Any]) -> Callable[..., Any]:
+    """torch 2.13 re-records silently when a static input moved: say which, or refuse (strict)."""
+
+    def check_invariants(self: Any, inputs: Any) -> Any:
+        from torch._inductor.cudagraph_trees import CheckInvariantStatus
+
+        status, logger = original(self, inputs)
+        if status == CheckInvariantStatus.StaticInputIdxMismatch and enabled("cudagraphs"):
+            try:
+                report = _STATIC_INPUTS.check(self.wrapped_function.id, inputs,
+                                              strict=MANAGER.strict_static_inputs)
+            except StaticInputMoved:
+                raise
+            except Exception as error:  # noqa: BLE001 - fail open
+                _fell_back("cudagraph static inputs", error)
+            else:
+                if report is not None:
+                    MANAGER.note_static_inputs_moved(report.describe())
+        return status, logger
+
+    return check_invariants

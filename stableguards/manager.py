@@ -8,6 +8,7 @@ values, and tests can drive it without Dynamo.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections import Counter, deque
 from collections.abc import Callable
@@ -17,6 +18,8 @@ from stableguards.pgo.profile import Profile
 from stableguards.pgo.session import ProfileSession, specialized_sources
 from stableguards.pgo.store import ProfileStore
 from stableguards.symbols import DEFAULT_ID_SPACE, allocate
+
+log = logging.getLogger("stableguards")
 
 # Explanations are kept for the most recent events only: a long-running job
 # must not grow memory because it compiles often.
@@ -75,6 +78,8 @@ class GuardManager:
         self._events: deque[Collision | Fallback | Note] = deque(maxlen=_MAX_EVENTS)
         # The profile of the current process, opened at the first compile.
         self.profile: ProfileSession | None = None
+        # Raise StaticInputMoved instead of letting cudagraphs re-record when a static input moved.
+        self.strict_static_inputs = False
         # Called with each event's description as it happens (the TORCH_LOGS artifact).
         self.listeners: list[Callable[[str], None]] = []
         # Which source holds each id, per scope (a ShapeEnv under Dynamo), so a
@@ -155,6 +160,22 @@ class GuardManager:
         self.counters["backend_entries_released"] += entries
         self._record(Note(f"backend {backend} is gone: released {entries} cache entr"
                           f"{'y' if entries == 1 else 'ies'} compiled for it"))
+
+    def note_optimizer_guards(self, state_dicts: int, identity_guards: int) -> None:
+        """A step's state tensors were guarded by their dicts' versions instead of their identities."""
+        self.counters["optimizer_state_dicts_versioned"] += state_dicts
+        self.counters["optimizer_identity_guards_dropped"] += identity_guards
+
+    def note_optimizer_released(self, optimizer: str, entries: int) -> None:
+        self.counters["optimizer_entries_released"] += entries
+        self._record(Note(f"optimizer {optimizer} was collected: released {entries} cache entr"
+                          f"{'y' if entries == 1 else 'ies'} compiled for it"))
+
+    def note_static_inputs_moved(self, description: str) -> None:
+        """A cudagraph is re-recorded because static inputs moved: worth a warning, every time."""
+        self.counters["cudagraph_rerecords"] += 1
+        self._record(Note(description))
+        log.warning("stableguards: %s", description)
 
     def note_recompile(self, frame: str, reasons: list[str]) -> None:
         """Why Dynamo compiled a frame again: the guards that failed, as torch reports them."""

@@ -53,6 +53,24 @@ def test_flag_exists_after_plain_import_torch_without_loading_dynamo():
     assert out.split() == ["False", "False"]
 
 
+def test_every_hook_installs_through_the_entry_point_alone():
+    """No `import stableguards`: torch loads it, then Dynamo and inductor load lazily.
+    Inductor's hooks must not be imported while torch._dynamo is still importing
+    (a circular import that once left the library half installed)."""
+    out = run("import logging, torch\n"
+              "logging.basicConfig()\n"
+              "torch.compile(lambda x: x + 1, backend='inductor')(torch.ones(2))\n"
+              "import torch._inductor.cudagraph_trees\n"
+              "from stableguards import integration\n"
+              "print(sorted(name for _, name in integration._originals))\n"
+              "print(sorted(integration._warned))", TORCHDYNAMO_STABLE_GUARDS="1")
+    hooks, warned = out.splitlines()[-2:]
+    for name in ("compiled_fx_graph_hash", "check_invariants", "map_sources_and_install_guards",
+                 "_generate_unique_id", "get_compiler_fn"):
+        assert name in hooks
+    assert warned == "[]"
+
+
 def test_environment_variable_turns_the_flag_on():
     code = "import torch._dynamo.config as c; print(c.stable_guards)"
     assert run(code, TORCHDYNAMO_STABLE_GUARDS="1") == "True"

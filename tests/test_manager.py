@@ -81,3 +81,19 @@ def test_one_source_given_several_symbols_is_not_a_collision():
     assert second == first + 1
     assert manager.counters["symbol_repeats"] == 1 and manager.counters["symbol_collisions"] == 0
     assert "wanted" not in manager.explain()
+
+
+def test_optimizer_and_cudagraph_events_are_counted_and_explained(caplog):
+    manager = GuardManager()
+    manager.note_optimizer_guards(state_dicts=4, identity_guards=12)
+    manager.note_optimizer_released("Adam at 0x1 (1 group(s), 4 param(s))", 3)
+    with caplog.at_level("WARNING", logger="stableguards"):
+        manager.note_static_inputs_moved("cudagraph re-recorded (1st time) because static inputs moved: L['w'] 0x10 -> 0x20")
+    assert manager.counters["optimizer_state_dicts_versioned"] == 4
+    assert manager.counters["optimizer_identity_guards_dropped"] == 12
+    assert manager.counters["optimizer_entries_released"] == 3
+    assert manager.counters["cudagraph_rerecords"] == 1
+    text = manager.explain()
+    assert "optimizer Adam at 0x1 (1 group(s), 4 param(s)) was collected: released 3 cache entries" in text
+    assert "L['w'] 0x10 -> 0x20" in text
+    assert any("L['w'] 0x10 -> 0x20" in r.getMessage() for r in caplog.records)

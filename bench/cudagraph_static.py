@@ -1,0 +1,131 @@
+"""Cudagraphs under stable_guards: is a moved static input named, and does strict mode raise?
+
+    .venv/bin/python bench/cudagraph_static.py
+
+Needs CUDA; without it, it says so and exits 0.  Trains a small nn.Linear with
+Adam, the step (forward, backward, opt.step) compiled with
+mode="reduce-overhead", then rebinds a parameter's storage
+(p.data = p.data.clone()) so the address baked into the cudagraphs is stale.
+torch re-records silently; stableguards should log a warning naming the moved
+source, or raise StaticInputMoved when stableguards.manager.strict_static_inputs
+is on.  Grads are left non-static, so one warning should say they are copied.
+"re-records" counts graphs torch recorded after the move (CUDAGraphTreeManager
+.record_function calls).  Prints a table, writes bench/out/cudagraph_static.json
+and exits 1 if a scenario did not behave as expected.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import torch
+
+OUT = Path(__file__).resolve().parent / "out" / "cudagraph_static.json"
+STEPS = 4
+
+
+class Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def count_recordings(counter: list[int]) -> None:
+    """Count every cudagraph torch records, whether or not stableguards notices."""
+    from torch._inductor.cudagraph_trees import CUDAGraphTreeManager
+
+    original = CUDAGraphTreeManager.record_function
+
+    def record_function(self, *args, **kwargs):
+        counter[0] += 1
+        return original(self, *args, **kwargs)
+
+    CUDAGraphTreeManager.record_function = record_function
+
+
+def scenario(name: str, strict: bool, recordings: list[int]) -> dict:
+    import stableguards
+    from stableguards.cudagraph_checks import StaticInputMoved
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    stableguards.manager.strict_static_inputs = strict
+    model = torch.nn.Linear(64, 64, device="cuda")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(32, 64, device="cuda")
+
+    @torch.compile(mode="reduce-overhead")
+    def train_step() -> None:
+        model(x).square().mean().backward()
+        opt.step()
+
+    def run(steps: int) -> None:
+        for _ in range(steps):
+            torch.compiler.cudagraph_mark_step_begin()
+            train_step()
+            opt.zero_grad(set_to_none=True)
+
+    handler = Collect()
+    logging.getLogger("stableguards").addHandler(handler)
+    error = ""
+    try:
+        run(STEPS)
+        before_move = recordings[0]
+        model.weight.data = model.weight.data.clone()
+        try:
+            run(STEPS)
+        except StaticInputMoved as e:
+            error = str(e)
+        torch.cuda.synchronize()
+    finally:
+        logging.getLogger("stableguards").removeHandler(handler)
+        stableguards.manager.strict_static_inputs = False
+
+    moves = [m for m in handler.messages if " -> 0x" in m]
+    return {
+        "scenario": name,
+        "warnings naming a source": sum("param" in m or "L[" in m for m in moves),
+        "re-records": recordings[0] - before_move,
+        "raised": bool(error),
+        "grads copied warnings": sum("copied" in m for m in handler.messages),
+        "messages": handler.messages,
+        "error": error,
+        "inductor counters": dict(torch._dynamo.utils.counters["inductor"]),
+    }
+
+
+def as_expected(row: dict) -> bool:
+    if row["scenario"] == "strict":
+        return "param" in row["error"] or "L[" in row["error"]
+    return row["warnings naming a source"] >= 1 and not row["raised"] and row["grads copied warnings"] == 1
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("cudagraph_static: CUDA is not available, nothing to measure (needs a GPU).")
+        return 0
+    import stableguards  # noqa: F401 - registers the flag and hooks
+
+    torch._dynamo.config.stable_guards = True
+    recordings = [0]
+    count_recordings(recordings)
+    rows = [scenario("rebind param", False, recordings), scenario("strict", True, recordings)]
+
+    columns = ["scenario", "warnings naming a source", "re-records", "raised", "grads copied warnings"]
+    print(" | ".join(columns))
+    for row in rows:
+        print(" | ".join(str(row[c]) for c in columns) + ("" if as_expected(row) else "   <- unexpected"))
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(rows, indent=2))
+    print(f"wrote {OUT}")
+    return 0 if all(as_expected(row) for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -103,7 +103,7 @@ def static_grads(optimizer: torch.optim.Optimizer) -> None:
             mark_static_address(param.grad)
             setattr(param.grad, _STATIC_GRAD, True)
     if not getattr(optimizer.zero_grad, "_stableguards_static", False):
-        optimizer.zero_grad = _zero_grad_in_place(optimizer.zero_grad)  # type: ignore[method-assign]
+        optimizer.zero_grad = _zero_grad_in_place(optimizer)  # type: ignore[method-assign]
 
 
 def has_static_grad(param: torch.Tensor) -> bool:
@@ -111,11 +111,18 @@ def has_static_grad(param: torch.Tensor) -> bool:
     return param.grad is not None and getattr(param.grad, _STATIC_GRAD, False)
 
 
-def _zero_grad_in_place(zero_grad: Callable[..., None]) -> Callable[..., None]:
+def _zero_grad_in_place(optimizer: torch.optim.Optimizer) -> Callable[..., None]:
+    # The optimizer holds this function: a weak reference back keeps that from
+    # being a cycle, so the optimizer still dies as soon as its last user lets go.
+    zero_grad, ref = type(optimizer).zero_grad, weakref.ref(optimizer)
+
     def zero_grad_keeping_static(set_to_none: bool = True) -> None:
-        zero_grad(set_to_none=False)
+        opt = ref()
+        if opt is None:
+            return
+        zero_grad(opt, set_to_none=False)
         if set_to_none:
-            for param in _params(zero_grad.__self__):  # type: ignore[attr-defined]
+            for param in _params(opt):
                 if param.grad is not None and not has_static_grad(param):
                     param.grad = None
 

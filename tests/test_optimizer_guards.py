@@ -62,6 +62,13 @@ def test_static_grads_keeps_addresses_through_zero_grad():
     static_grads(opt)  # twice: zero_grad is wrapped once
     opt.zero_grad(set_to_none=True)
     assert b.grad is not None and b.grad.eq(0).all()
+    alive = weakref.ref(opt)
+    gc.disable()  # the wrapped zero_grad must not make a cycle that only gc can break
+    try:
+        del opt
+        assert alive() is None
+    finally:
+        gc.enable()
 
 
 # --- under Dynamo ------------------------------------------------------------------

@@ -33,6 +33,7 @@ case "${1:-}" in
         .venv/bin/python bench/pgo_io.py
         .venv/bin/python bench/backend_switch.py
         .venv/bin/python bench/optimizer_table.py
+        .venv/bin/python bench/optimizer_guard_check.py
         .venv/bin/python bench/optimizer_rebuild.py
         .venv/bin/python bench/cudagraph_static.py
         .venv/bin/python bench/backend_call_cost.py

@@ -17,14 +17,15 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 CHILD = r"""
-import collections, json, sys, timeit
+import json, sys, timeit
 import torch
 import stableguards
 import torch._C._dynamo.eval_frame as c_eval_frame
-import torch._C._dynamo.guards as guards
 from torch._dynamo.convert_frame import input_codes
+from guard_tree import leaf_guard_kinds
 
 name, n = sys.argv[1], int(sys.argv[2])
 params = [torch.nn.Parameter(torch.randn(8)) for _ in range(n)]
@@ -35,16 +36,6 @@ step = torch.compile(lambda: opt.step(), backend="eager")
 for _ in range(3):
     step()
 
-def walk(manager, kinds):
-    for leaf in manager.get_leaf_guards():
-        kinds[type(leaf).__name__] += 1
-    children = list(manager.get_child_managers())
-    if isinstance(manager, guards.DictGuardManager):
-        for pair in manager.get_key_value_managers().values():
-            children += [m for m in pair if m is not None]
-    for child in children:
-        walk(child, kinds)
-
 f_locals = {"self": opt, "closure": None}
 for ref in list(input_codes.seen):
     code = ref()
@@ -54,8 +45,7 @@ for ref in list(input_codes.seen):
         with torch.no_grad():  # step runs with grad off, and its guards check that
             if entry.code is None or not entry.guard_manager.check(f_locals):
                 continue
-            kinds = collections.Counter()
-            walk(entry.guard_manager.root, kinds)
+            kinds = leaf_guard_kinds(entry.guard_manager.root)
             best = min(timeit.repeat(lambda: entry.guard_manager.check(f_locals), number=500, repeat=20))
         print(json.dumps({"kinds": kinds, "check_us": best / 500 * 1e6}))
         sys.exit(0)
@@ -64,7 +54,9 @@ sys.exit("no passing cache entry for the step frame")
 
 
 def run(name: str, n: int, flag: bool) -> dict:
-    env = dict(os.environ, TORCHDYNAMO_STABLE_GUARDS="1" if flag else "0")
+    env = dict(os.environ, TORCHDYNAMO_STABLE_GUARDS="1" if flag else "0",
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parent),
+                                           os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", CHILD, name, str(n)], env=env, capture_output=True,
                           text=True, timeout=1200, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])

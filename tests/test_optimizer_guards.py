@@ -103,18 +103,8 @@ def _assert_same(opt, twin):
 def _leaf_guards(code_name="step"):
     """C++ leaf guards, by kind, of the live cache entries of optimizer step frames."""
     import torch._C._dynamo.eval_frame as c_eval_frame
-    import torch._C._dynamo.guards as guards
+    from guard_tree import leaf_guard_kinds  # bench/, on sys.path through conftest
     from torch._dynamo.convert_frame import input_codes
-
-    def walk(manager, kinds):
-        for leaf in manager.get_leaf_guards():
-            kinds[type(leaf).__name__] += 1
-        children = list(manager.get_child_managers())
-        if isinstance(manager, guards.DictGuardManager):
-            for pair in manager.get_key_value_managers().values():
-                children += [m for m in pair if m is not None]
-        for child in children:
-            walk(child, kinds)
 
     kinds = collections.Counter()
     for ref in list(input_codes.seen):
@@ -122,7 +112,7 @@ def _leaf_guards(code_name="step"):
         if code is not None and code.co_name == code_name and "optim" in code.co_filename:
             for entry in c_eval_frame._debug_get_cache_entry_list(code):
                 if entry.code is not None:
-                    walk(entry.guard_manager.root, kinds)
+                    kinds += leaf_guard_kinds(entry.guard_manager.root)
     return kinds
 
 

@@ -293,8 +293,10 @@ def _guard_builder(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def build_guards(self: Any, code: Any, *args: Any, **kwargs: Any) -> Any:
         output = self.tracer_output.output_graph
-        steps = getattr(output, _STEPS, None) if enabled("optimizer") else None
-        seen = _optimizers_seen(output) if enabled("optimizer") else None
+        # torch asserts the output graph exists; this hook must not fail before it does.
+        optimizers_on = enabled("optimizer") and output is not None
+        steps = getattr(output, _STEPS, None) if optimizers_on else None
+        seen = _optimizers_seen(output) if optimizers_on else None
         if steps:
             try:
                 _guard_state_dicts_by_version(output, steps)

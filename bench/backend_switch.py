@@ -37,12 +37,44 @@ class Scaled:
     __hash__ = None
 
 
+class ScaledHashable(Scaled):
+    """The common pattern: a loose __eq__ and a __hash__ to match it."""
+
+    def __hash__(self):
+        return hash(type(self))
+
+
+def make_factory(scale):
+    class Factory:
+        def __call__(self, gm, example_inputs):
+            return lambda *args: [out * scale for out in gm.forward(*args)]
+
+    return Factory()
+
+
+class Keyed(Scaled):
+    """Opts in with an explicit key; the key decides the scale."""
+
+    def __init__(self, key):
+        super().__init__(2)
+        self._torchdynamo_cache_key = key
+
+
 def nop(gm, example_inputs):
     return gm.forward
 
 
+def counters_see_their_compiles() -> tuple[int, int]:
+    from torch._dynamo.testing import CompileCounter
+
+    first, second = CompileCounter(), CompileCounter()
+    compiled, wrong = run([first, second])
+    return compiled, int(second.frame_count != 1)
+
+
 def compiles() -> int:
-    return sum(1 for m in torch._dynamo.utils.get_compilation_metrics() if m.has_guarded_code)
+    # Not get_compilation_metrics(): it keeps only the most recent 64.
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 def run(backends, expected=None) -> tuple[int, int]:
@@ -73,6 +105,10 @@ SCENARIOS = {
     "eager, aot_eager, eager": lambda: run(["eager", "aot_eager", "eager"]),
     "aot_autograd(fw_compiler=nop) x3, kept": lambda: run([aot_autograd(fw_compiler=nop) for _ in range(3)]),
     "Scaled(2), Scaled(3), Scaled(2) (loose __eq__)": lambda: run([Scaled(2), Scaled(3), Scaled(2)], [4, 6, 4]),
+    "make(2), make(3): a class made per call": lambda: run([make_factory(2), make_factory(3)], [4, 6]),
+    "Scaled(2), Scaled(3) with __eq__ and __hash__": lambda: run([ScaledHashable(2), ScaledHashable(3)], [4, 6]),
+    "CompileCounter() twice (wrong: 2nd saw no compile)": counters_see_their_compiles,
+    "Keyed('k') x3, kept (explicit key)": lambda: run([Keyed("k") for _ in range(3)]),
     "10 backends, recompile_limit=8": lambda: _limited(),
 }
 

@@ -1,20 +1,44 @@
 """BACKEND_MATCH: which compiled code may be served to which backend.
 
-torch 2.13 matches a cache entry to the calling backend in C++: the same
-object, or the same type and ``==``.  A backend rebuilt for each
-``torch.compile`` call (``aot_autograd(fw_compiler=...)``) then never matches,
-a loose ``__eq__`` can serve code compiled with other options, and nothing
-names a backend across processes.
+torch matches a cache entry to the calling backend in C++: the same object, or
+the same type and ``==``.  A loose ``__eq__`` then serves one configuration's
+code to another, a backend rebuilt per ``torch.compile`` call never matches,
+and every entry keeps its backend alive.
 
-Here a backend is described by what it *is*, not by which object it happens to
-be: its registered name, or the code of the callable, plus every option,
-closure value, default and global it depends on.  The description is
-canonical (sorted dicts, no addresses, no ``hash()``), hashed with xxh3-128
-into a fingerprint that is the same in every process for the same
-configuration.  Where some part cannot be described soundly (a tensor in a
-closure, an object without a readable state, a mutable global), the
-fingerprint falls back to the backend object's identity: two such backends
-never share, so sharing is never wrong.
+Here each backend gets a fingerprint: an ordered list of named components, in
+the style of JAX's ``cache_key.py``, so that two backends that differ can say
+which component differs.  Two backends share compiled code only when their
+fingerprints are equal, and the rules that make two fingerprints equal are
+exactly the ones we can prove sound:
+
+1. **A registered backend, by name** (``"eager"``, ``"aot_eager"``).  A name
+   in torch's registry resolves to one function object for the life of the
+   process, so equal names mean the same compiler.
+2. **torch's own wrappers, by their parts** (``torch.compile``'s inductor and
+   generic wrappers, ``aot_autograd(...)``), recognised by exact type: torch
+   wrote their ``__call__``, which does nothing but call their parts (the
+   registered compiler, the options, ``fw_compiler``, ...).  Every instance
+   attribute is a part, so an attribute a later torch adds is covered too, and
+   the wrappers are equivalent when every part is: equal plain values, or the
+   same object by the rules here.  A subclass may override ``__call__`` and is
+   not recognised.
+3. **An explicit key.**  A backend that carries a truthy, plain (str, bytes,
+   int, bool, tuples of them) ``_torchdynamo_cache_key`` declares that all
+   backends of its class with that key compile alike: upstream's opt-in
+   (pytorch PRs #195355, #196120), compared with its class so that two classes
+   cannot claim each other's code.  A falsy key (``None``, ``""``, ``0``) is no
+   opt-in, as upstream's review insists; nor is an unhashable or non-plain one
+   (an object's own ``__eq__`` would decide, which is what this module avoids).
+4. **Everything else, by identity.**  A user's function, closure, partial,
+   stateful object or object with a loose ``__eq__`` shares code only with
+   itself: what it does can depend on anything it reaches, so no description
+   short of running it proves two of them alike.
+
+Identity is a per-process token handed out once per object and never reused
+(``IdentityTable``), not ``id()``, which a new object can take over once the
+old one dies, and never the object's own ``__eq__``/``__hash__``.  A
+fingerprint with an identity component is ``stable=False``: it means something
+only in this process.
 
 Equal fingerprints are interned to one ``BackendKey`` object per process, and
 that key is what the cache entries hold: matching stays a pointer comparison
@@ -24,63 +48,219 @@ backend itself alive.
 
 from __future__ import annotations
 
-import enum
-import functools
+import itertools
 import re
-import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import xxhash
 
-from stableguards.pgo.identity import code_fingerprint
-
-# Bounds on how much of an object graph a description may walk.
-_MAX_DEPTH = 12
-_MAX_NODES = 5_000
-
-_SCALARS = (type(None), bool, int, float, complex, bytes)
-# Default reprs embed an address ("<Foo object at 0x7f...>"; torch uses str(backend)
-# as a compiler name).  An address names an object, never a configuration: the
-# object's state is described where the object itself is.
+# The attribute through which a backend opts into sharing (rule 3).
+CACHE_KEY_ATTR = "_torchdynamo_cache_key"
+_PLAIN_LEAVES = (type(None), bool, int, float, str, bytes)
+_KEY_LEAVES = (bool, int, str, bytes)  # no floats: nan != nan
+# Default reprs embed an address ("<Foo object at 0x7f...>"): torch.compile names
+# a backend without __name__ by str(backend) (_TorchCompileWrapper.compiler_name),
+# a label for logs, while the object itself is another part, described by the
+# rules.  Without this, two backends with equal explicit keys would never share.
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_MAX_COMPONENTS = 2_000
+_MAX_DEPTH = 12  # containers nested deeper are matched by identity
+_CONTAINER = re.compile(r"(dict|list|tuple) of \d+")
+
+V = TypeVar("V")
 
 
-class Unfingerprintable(Exception):
-    """A part of the backend whose behaviour cannot be captured by a description."""
+class IdentityTable(Generic[V]):
+    """Values attached to objects by identity, for as long as each object lives.
+
+    Never calls the object's ``__eq__`` or ``__hash__`` (a ``WeakKeyDictionary``
+    would).  An entry goes when its object dies (a weakref finalizer runs
+    before the object's memory, and so its ``id()``, can be reused).  An
+    object that cannot be weakly referenced is kept alive by the table, as
+    torch keeps every backend alive.
+    """
+
+    def __init__(self) -> None:
+        self._values: dict[int, tuple[V, Any]] = {}
+
+    def get(self, obj: object, make: Callable[[], V]) -> V:
+        entry = self._values.get(id(obj))
+        if entry is not None:
+            return entry[0]
+        value = make()
+        try:
+            weakref.finalize(obj, self._values.pop, id(obj), None)
+            self._values[id(obj)] = (value, None)
+        except TypeError:
+            self._values[id(obj)] = (value, obj)  # keeps obj alive: its id stays its own
+        return value
+
+    def __len__(self) -> int:
+        return len(self._values)
 
 
 @dataclass(frozen=True)
 class BackendFingerprint:
-    """What identifies a backend configuration.
+    """What identifies a backend configuration: named components, in order.
 
-    ``digest`` is stable across processes unless ``stable`` is False, in which
-    case it encodes this process's object identity and ``reason`` says why.
+    ``digest`` hashes them; it is the same in every process unless ``stable``
+    is False (an identity component, see rule 4).
     """
 
+    components: tuple[tuple[str, str], ...]
     digest: str
-    description: str
-    stable: bool = True
-    reason: str = ""
+
+    @property
+    def stable(self) -> bool:
+        return not any(name.endswith("identity") for name, _ in self.components)
+
+    @property
+    def description(self) -> str:
+        """The components a reader needs: names, identities and options that are set."""
+        shown = []
+        for name, value in self.components:
+            leaf = name.rsplit(".", 1)[-1]
+            if _is_label(name, value) or value == "None":
+                continue
+            if leaf == "wrapper":
+                shown.append(value.rsplit(".", 1)[-1])
+            else:
+                shown.append(value if leaf in ("backend", "identity") else f"{name}={value}")
+        return " ".join(shown)
+
+    def differences(self, other: BackendFingerprint) -> list[str]:
+        """The components that tell ``self`` from ``other``, in order; labels and
+        container sizes only where nothing else differs."""
+        mine, theirs = dict(self.components), dict(other.components)
+        names = [n for n, _ in self.components] + [n for n, _ in other.components if n not in mine]
+        differ = [n for n in names if mine.get(n) != theirs.get(n)]
+        telling = [n for n in differ if not _is_label(n, mine.get(n) or theirs.get(n) or "")]
+        return [f"{n}: {mine.get(n, '(absent)')} vs {theirs.get(n, '(absent)')}" for n in telling or differ]
 
     def __str__(self) -> str:
-        short = self.description if len(self.description) <= 160 else self.description[:157] + "..."
-        suffix = "" if self.stable else f" [identity only: {self.reason}]"
-        return f"{short} #{self.digest[:12]}{suffix}"
+        text = self.description
+        return f"{text if len(text) <= 160 else text[:157] + '...'} #{self.digest[:12]}"
 
 
-def fingerprint(backend: object, name_of: Callable[[object], str | None] = lambda _: None) -> BackendFingerprint:
-    """Fingerprint a backend; ``name_of`` names well-known objects (registered backends)."""
+class Fingerprinter:
+    """Builds fingerprints under the four rules.
+
+    What torch's internals look like is not known here: the caller says which
+    objects are registered backends (``registered_name``), which are torch's
+    own wrappers (``is_torch_wrapper``) and which torch objects have a name
+    that identifies them (``torch_name``: ops, dtypes).
+    """
+
+    def __init__(self, registered_name: Callable[[object], str | None] = lambda _: None,
+                 is_torch_wrapper: Callable[[object], bool] = lambda _: False,
+                 torch_name: Callable[[object], str | None] = lambda _: None) -> None:
+        self.registered_name = registered_name
+        self.is_torch_wrapper = is_torch_wrapper
+        self.torch_name = torch_name
+        self._tokens: IdentityTable[int] = IdentityTable()
+        self._next_token = itertools.count(1)
+        # torch's wrappers described when first seen: aot_autograd rewrites its
+        # own options on first use, and must keep the identity it had.
+        self._wrappers: IdentityTable[tuple[tuple[str, str], ...]] = IdentityTable()
+        self._describing: set[int] = set()
+
+    def fingerprint(self, backend: object) -> BackendFingerprint:
+        components = tuple(self._components(backend, ""))
+        text = "\n".join(f"{name}={value}" for name, value in components)
+        return BackendFingerprint(components, xxhash.xxh3_128_hexdigest(text.encode()))
+
+    def identity(self, obj: object) -> str:
+        """``module.Class#N``: this object, and no other, for the life of the process."""
+        cls = type(obj)
+        name = getattr(obj, "__qualname__", None) if callable(obj) and hasattr(obj, "__code__") else None
+        label = f"{getattr(obj, '__module__', cls.__module__)}.{name}" if name else _qualified(cls)
+        return f"{label}#{self._tokens.get(obj, lambda: next(self._next_token))}"
+
+    def _components(self, obj: object, prefix: str) -> Iterator[tuple[str, str]]:
+        name = self.registered_name(obj)
+        if name is not None:
+            yield prefix + "backend", name
+        elif self.is_torch_wrapper(obj):
+            for part, value in self._wrappers.get(obj, lambda: tuple(self._wrapper(obj))):
+                yield prefix + part, value
+        elif (key := _explicit_key(obj)) is not None:
+            yield prefix + "class", _qualified(type(obj))
+            yield prefix + "cache_key", key
+        else:
+            yield prefix + "identity", self.identity(obj)
+
+    def _wrapper(self, wrapper: object) -> Iterator[tuple[str, str]]:
+        if id(wrapper) in self._describing:  # a wrapper that contains itself
+            yield "identity", self.identity(wrapper)
+            return
+        self._describing.add(id(wrapper))
+        try:
+            yield "wrapper", _qualified(type(wrapper))
+            yield from self._parts(sorted(vars(wrapper).items()), 0)
+        finally:
+            self._describing.discard(id(wrapper))
+
+    def _parts(self, items: list[tuple[str, Any]], depth: int) -> Iterator[tuple[str, str]]:
+        """Each (label, value): plain values as text, containers item by item, objects by the rules."""
+        for label, value in items:
+            plain = self._plain(value)
+            if plain is not None:
+                yield label, plain
+                continue
+            if isinstance(value, dict) and depth < _MAX_DEPTH and len(value) < _MAX_COMPONENTS:
+                keys = [(self._plain(k), v) for k, v in value.items()]
+                if all(k is not None for k, _ in keys):
+                    yield label, f"dict of {len(keys)}"
+                    yield from self._parts(sorted(((f"{label}[{k}]", v) for k, v in keys),
+                                                  key=lambda item: item[0]), depth + 1)
+                    continue
+            elif isinstance(value, (list, tuple)) and depth < _MAX_DEPTH and len(value) < _MAX_COMPONENTS:
+                yield label, f"{type(value).__name__} of {len(value)}"
+                yield from self._parts([(f"{label}[{i}]", v) for i, v in enumerate(value)], depth + 1)
+                continue
+            yield from self._components(value, label + ".")
+
+    def _plain(self, value: Any) -> str | None:
+        """A canonical text for plain data (type included: 1, 1.0 and True differ), else None."""
+        if type(value) is str:
+            return repr(_ADDRESS.sub(" at 0x?", value))
+        if type(value) in _PLAIN_LEAVES:  # exact types: their reprs tell 1, 1.0, True, '1' apart
+            return repr(value)
+        name = self.torch_name(value)
+        return None if name is None else f"torch:{name}"
+
+
+def _is_label(name: str, value: str) -> bool:
+    """Components that follow from others: names for logs and container sizes."""
+    return name.rsplit(".", 1)[-1] in ("compiler_name", "__name__") or bool(_CONTAINER.fullmatch(value))
+
+
+def _explicit_key(obj: object) -> str | None:
+    """The canonical text of ``obj``'s opt-in key (rule 3), or None if it has none that counts."""
     try:
-        tree = _Describer(name_of).describe(backend, 0)
-    except Unfingerprintable as why:
-        label = getattr(backend, "__qualname__", type(backend).__qualname__)
-        return BackendFingerprint(f"id-{id(backend):x}", f"{label} (object {id(backend):#x})",
-                                  stable=False, reason=str(why))
-    text = repr(tree)
-    return BackendFingerprint(xxhash.xxh3_128_hexdigest(text.encode()), _readable(tree))
+        key = getattr(obj, CACHE_KEY_ATTR, None)
+        if not key:
+            return None
+        hash(key)
+    except Exception:  # noqa: BLE001 - a key that cannot be read or hashed is no opt-in
+        return None
+    return _key_text(key)
+
+
+def _key_text(key: Any) -> str | None:
+    if type(key) in _KEY_LEAVES:
+        return repr(key)
+    if type(key) is tuple:
+        parts = [_key_text(k) for k in key]
+        return None if None in parts else "(" + ", ".join(parts) + ")"  # type: ignore[arg-type]
+    return None
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 class BackendKey:
@@ -142,143 +322,3 @@ def key_for(fp: BackendFingerprint, cls: type[BackendKey] = BackendKey) -> Backe
     if key is None:
         key = _keys[fp.digest] = cls(fp)
     return key
-
-
-class _Describer:
-    def __init__(self, name_of: Callable[[object], str | None]) -> None:
-        self.name_of = name_of
-        self.nodes = 0
-        self.stack: list[int] = []
-
-    def describe(self, obj: Any, depth: int) -> Any:
-        self.nodes += 1
-        if self.nodes > _MAX_NODES or depth > _MAX_DEPTH:
-            raise Unfingerprintable("configuration too large to describe")
-        if isinstance(obj, str):
-            return _ADDRESS.sub(" at 0x?", obj)
-        if isinstance(obj, _SCALARS):
-            return obj if not isinstance(obj, float) else ("float", repr(obj))
-        name = self.name_of(obj)
-        if name is not None:
-            return ("named", name)
-        if id(obj) in self.stack:
-            return ("cycle", len(self.stack) - self.stack.index(id(obj)))
-        self.stack.append(id(obj))
-        try:
-            return self._describe_object(obj, depth + 1)
-        finally:
-            self.stack.pop()
-
-    def _describe_object(self, obj: Any, depth: int) -> Any:
-        d = functools.partial(self.describe, depth=depth)
-        if isinstance(obj, (tuple, list)):
-            return (type(obj).__name__, tuple(d(v) for v in obj))
-        if isinstance(obj, dict):
-            items = [(d(k), d(v)) for k, v in obj.items()]
-            return ("dict", tuple(sorted(items, key=repr)))
-        if isinstance(obj, (set, frozenset)):
-            return ("set", tuple(sorted((d(v) for v in obj), key=repr)))
-        if isinstance(obj, enum.Enum):
-            return ("enum", _qualified(type(obj)), obj.name)
-        if isinstance(obj, types.ModuleType):
-            return ("module", obj.__name__)
-        if isinstance(obj, type):
-            return ("class", _qualified(obj), self._class_code(obj))
-        if isinstance(obj, types.FunctionType):
-            return self._function(obj, depth)
-        if isinstance(obj, types.MethodType):
-            return ("method", d(obj.__self__), d(obj.__func__))
-        if isinstance(obj, functools.partial):
-            return ("partial", d(obj.func), d(obj.args), d(obj.keywords))
-        if isinstance(obj, types.BuiltinFunctionType):
-            self_ = getattr(obj, "__self__", None)
-            owner = None if self_ is None or isinstance(self_, types.ModuleType) else d(self_)
-            return ("builtin", getattr(obj, "__module__", None), obj.__qualname__, owner)
-        cls = type(obj)
-        if any(_qualified(c) == "torch.Tensor" for c in cls.__mro__):
-            raise Unfingerprintable("holds a tensor")
-        if not hasattr(obj, "__dict__") and cls.__module__.startswith("torch") \
-                and cls.__repr__ is not object.__repr__:
-            # torch value types whose repr is their whole state (dtype, device, layout).
-            return ("torch", _qualified(cls), repr(obj))
-        if not isinstance(getattr(obj, "__dict__", None), dict) or _has_slot_state(cls):
-            raise Unfingerprintable(f"{_qualified(cls)} has state outside its __dict__")
-        return ("object", d(cls), d(dict(vars(obj))))
-
-    def _function(self, fn: types.FunctionType, depth: int) -> Any:
-        d = functools.partial(self.describe, depth=depth)
-        closure = ()
-        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True):
-            try:
-                closure += ((name, d(cell.cell_contents)),)
-            except ValueError:  # an empty cell
-                closure += ((name, ("empty",)),)
-        referenced = sorted(_global_names(fn.__code__) & fn.__globals__.keys())
-        return (
-            "function", fn.__module__, fn.__qualname__, code_fingerprint(fn.__code__),
-            d(fn.__defaults__), d(fn.__kwdefaults__), closure,
-            tuple((name, self._global(fn.__globals__[name], depth)) for name in referenced),
-        )
-
-    def _global(self, value: Any, depth: int) -> Any:
-        # A global read by the backend is part of its behaviour, unless it is
-        # mutable state: then the backend could change under the same code.
-        if isinstance(value, (dict, list, set)):
-            raise Unfingerprintable("reads a mutable global")
-        return self.describe(value, depth)
-
-    @staticmethod
-    def _class_code(cls: type) -> tuple:
-        return tuple(
-            (name, code_fingerprint(member.__code__))
-            for name, member in sorted(vars(cls).items())
-            if isinstance(member, types.FunctionType)
-        )
-
-
-def _has_slot_state(cls: type) -> bool:
-    return any(slot not in ("__dict__", "__weakref__")
-               for c in cls.__mro__ for slot in c.__dict__.get("__slots__", ()))
-
-
-def _global_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _global_names(const)
-    return names
-
-
-def _qualified(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _readable(tree: Any) -> str:
-    """A short human description: names and options, without code hashes."""
-    if isinstance(tree, str):
-        return tree
-    kind = tree[0] if isinstance(tree, tuple) and tree and isinstance(tree[0], str) else None
-    if kind == "named":
-        return tree[1]
-    if kind == "function":
-        return f"{tree[1]}.{tree[2]}"
-    if kind == "method":
-        return f"{_readable(tree[1])}.{_readable(tree[2]).rsplit('.', 1)[-1]}"
-    if kind == "partial":
-        return f"partial({_readable(tree[1])})"
-    if kind == "class":
-        return tree[1].rsplit(".", 1)[-1]
-    if kind == "object":
-        cls, (_, items) = _readable(tree[1]), tree[2]
-        shown = ", ".join(f"{_readable(k)}={_readable(v)}" for k, v in items
-                          if not (isinstance(k, str) and k.startswith("_")))
-        return f"{cls}({shown})"
-    if kind == "dict":
-        return "{" + ", ".join(f"{_readable(k)}: {_readable(v)}" for k, v in tree[1]) + "}"
-    if kind in ("tuple", "list"):
-        return "[" + ", ".join(_readable(v) for v in tree[1]) + "]"
-    if kind == "float":
-        return tree[1]
-    if kind in ("module", "builtin", "torch", "enum"):
-        return str(tree[-1] if kind != "builtin" else tree[2])
-    return repr(tree)

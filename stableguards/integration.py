@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import contextvars
+import functools
 import importlib.abc
 import importlib.util
 import inspect
@@ -29,7 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from stableguards.backend_match import BackendFingerprint, BackendKey, fingerprint, key_for
+from stableguards.backend_match import BackendFingerprint, BackendKey, Fingerprinter, key_for
 from stableguards.cudagraph_checks import StaticInputMoved, StaticInputWatch, copied_grads_message, input_names
 from stableguards.key_diff import KeyLedger, KeyRecord, differences, nearest
 from stableguards.manager import GuardManager
@@ -544,9 +545,6 @@ class _KeyedBackend:
 
 _current_key: contextvars.ContextVar[BackendKey | None] = contextvars.ContextVar(
     "stableguards_backend_key", default=None)
-# Fingerprints of user backend objects, computed once: some backends (aot_autograd)
-# rewrite their own options on first use, and must keep the identity they had.
-_user_fingerprints: weakref.WeakKeyDictionary[Any, BackendFingerprint] = weakref.WeakKeyDictionary()
 
 
 def _per_backend_compiler_fn(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -569,42 +567,45 @@ def _keyed(compiler_fn: Any) -> _KeyedBackend:
     from torch._dynamo.backends.registry import lookup_backend
 
     backend = lookup_backend(compiler_fn) if isinstance(compiler_fn, str) else compiler_fn
-    user = _user_backend(backend)
     fp = backend_fingerprint(backend)
     key = key_for(fp, _DynamoBackendKey)
     if not hasattr(key, "compiler_name"):  # equal fingerprints, equal names: set once
         key.compiler_name = (getattr(backend, "compiler_name", None)
                              or _registered_name(backend) or fp.description)
-    key.watch(user, _release_entries)
+    key.watch(_user_backend(backend), _release_entries)
     return _KeyedBackend(backend, key)  # type: ignore[arg-type]
 
 
 def backend_fingerprint(backend: Any) -> BackendFingerprint:
     """The fingerprint of a backend as torch.compile or torch._dynamo.optimize received it."""
-    user = _user_backend(backend)
-    if user is None or user is backend:
-        return _fingerprint_user(backend) if user is not None else fingerprint(backend, _registered_name)
-    inner = _fingerprint_user(user)
-    if not inner.stable:
-        return inner
-
-    def name_of(obj: Any) -> str | None:
-        return f"backend {inner.description} #{inner.digest}" if obj is user else _registered_name(obj)
-
-    return fingerprint(backend, name_of)
+    return _FINGERPRINTER.fingerprint(backend)
 
 
-def _fingerprint_user(user: Any) -> BackendFingerprint:
-    try:
-        return _user_fingerprints[user]
-    except (KeyError, TypeError):
-        pass
-    fp = fingerprint(user, _registered_name)
-    try:
-        _user_fingerprints[user] = fp
-    except TypeError:
-        pass  # not weakly referenceable: fingerprinted afresh each time
-    return fp
+@functools.cache
+def _torch_wrapper_types() -> tuple[type, ...]:
+    """torch's own backend wrappers, whose __call__ only calls their parts (see backend_match)."""
+    import torch
+    from torch._dynamo.backends import common
+
+    names = ("_TorchCompileInductorWrapper", "_TorchCompileAOTInductorWrapper", "_TorchCompileWrapper")
+    found = tuple(getattr(torch, n) for n in names if isinstance(getattr(torch, n, None), type))
+    aot = getattr(common, "AotAutograd", None)
+    return found + ((aot,) if isinstance(aot, type) else ())
+
+
+def _is_torch_wrapper(obj: Any) -> bool:
+    return type(obj) in _torch_wrapper_types()
+
+
+def _torch_name(obj: Any) -> str | None:
+    """Names of torch objects that are one object per name: dtypes, devices, layouts, ops."""
+    import torch
+
+    if type(obj) in (torch.dtype, torch.device, torch.layout, torch.memory_format):
+        return repr(obj)
+    if type(obj) in (torch._ops.OpOverload, torch._ops.OpOverloadPacket):
+        return f"op {obj}"
+    return None
 
 
 def _user_backend(backend: Any) -> Any:
@@ -627,6 +628,9 @@ def _registered_name(obj: Any) -> str | None:
         if fn is obj:
             return name
     return None
+
+
+_FINGERPRINTER = Fingerprinter(_registered_name, _is_torch_wrapper, _torch_name)
 
 
 # Releases waiting for a safe moment: a key whose last backend died, an optimizer that died.
@@ -727,8 +731,8 @@ def _note_switch(code: Any, key: BackendKey) -> None:
               if e.code is not None and e.backend is not None}
     if others and key not in others:
         MANAGER.note_backend_switch(
-            f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})", str(key.fingerprint),
-            [str(o.fingerprint) if isinstance(o, BackendKey) else type(o).__name__ for o in others])
+            f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})", key.fingerprint,
+            [o.fingerprint if isinstance(o, BackendKey) else type(o).__name__ for o in others])
 
 
 def _per_backend_cache_size(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -989,8 +993,9 @@ def _note_optimizer_seen(original: Callable[..., None]) -> Callable[..., None]:
 
             context = TracingContext.try_get()
             if context is not None:
-                seen = context.__dict__.setdefault(_SEEN, weakref.WeakSet())
-                seen.add(value)
+                # By identity: a user's optimizer class may define __eq__ and __hash__.
+                seen = context.__dict__.setdefault(_SEEN, {})
+                seen.setdefault(id(value), weakref.ref(value))
 
     return __init__
 
@@ -999,7 +1004,8 @@ _SEEN = "_stableguards_optimizers"
 
 
 def _optimizers_seen(output: Any) -> list[Any]:
-    return list(getattr(output.tracing_context, _SEEN, ()))
+    refs = getattr(output.tracing_context, _SEEN, {}).values()
+    return [opt for opt in (ref() for ref in refs) if opt is not None]
 
 
 def _tie_to_optimizers(optimizers: list[Any], check_fn: Any) -> None:

@@ -14,6 +14,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from stableguards.backend_match import BackendFingerprint
 from stableguards.pgo.profile import Profile
 from stableguards.pgo.session import ProfileSession, specialized_sources
 from stableguards.pgo.store import ProfileStore
@@ -150,11 +151,23 @@ class GuardManager:
         self.counters["fallbacks"] += 1
         self._record(Fallback(hook, f"{type(error).__name__}: {error}"))
 
-    def note_backend_switch(self, frame: str, new: str, cached: list[str]) -> None:
-        """A frame compiled for a backend it had no code for, while it had code for others."""
+    def note_backend_switch(self, frame: str, new: BackendFingerprint,
+                            cached: list[BackendFingerprint | str]) -> None:
+        """A frame compiled for a backend it had no code for, while it had code for others.
+
+        Names the components that tell the new backend from the closest one
+        the frame has code for.
+        """
         self.counters["backend_switches"] += 1
-        self._record(Note(f"{frame}: compiled for backend {new}; its cached code belongs to "
-                          f"{', '.join(cached)} (BACKEND_MATCH: never served to another backend)"))
+        known = [c for c in cached if isinstance(c, BackendFingerprint)]
+        why = ""
+        if known:
+            closest = min(known, key=lambda c: len(new.differences(c)))
+            differs = new.differences(closest)
+            why = (f"; the closest, {closest}, differs in {'; '.join(differs[:3])}"
+                   + (f"; and {len(differs) - 3} more" if len(differs) > 3 else ""))
+        self._record(Note(f"{frame}: compiled for backend {new}: its code for {len(cached)} other "
+                          f"backend(s) is never served to it (BACKEND_MATCH){why}"))
 
     def note_backend_released(self, backend: str, entries: int) -> None:
         self.counters["backend_entries_released"] += entries

@@ -27,7 +27,8 @@ def flag_on(fresh_dynamo):
 
 
 def compiles() -> int:
-    return sum(1 for m in torch._dynamo.utils.get_compilation_metrics() if m.has_guarded_code)
+    # Not get_compilation_metrics(): it keeps only the most recent 64.
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 def live_entries(fn) -> list:
@@ -54,13 +55,82 @@ def double(x):
     return x + x
 
 
-def test_different_configurations_never_share_even_with_a_loose_eq(flag_on):
+def test_user_objects_never_share_even_with_a_loose_eq(flag_on):
     x = torch.ones(3)
-    two, three = Scaled(2), Scaled(3)
+    two, three, again = Scaled(2), Scaled(3), Scaled(2)
     assert torch.equal(torch.compile(double, backend=two)(x), x * 4)
     assert torch.equal(torch.compile(double, backend=three)(x), x * 6)
-    assert torch.equal(torch.compile(double, backend=Scaled(2))(x), x * 4)  # equal: shares
-    assert len(live_entries(double)) == 2
+    assert torch.equal(torch.compile(double, backend=again)(x), x * 4)  # looks equal: still its own
+    assert torch.equal(torch.compile(double, backend=two)(x), x * 4)  # the same object: shares
+    assert len(live_entries(double)) == 3
+
+
+class ScaledHashable(Scaled):
+    """The common pattern: a loose __eq__ with a __hash__ to match."""
+
+    def __hash__(self):
+        return hash(type(self))
+
+
+def make_factory_backend(scale):
+    class Factory:
+        def __call__(self, gm, example_inputs):
+            return lambda *args: [out * scale for out in gm.forward(*args)]
+
+    return Factory()
+
+
+@pytest.mark.parametrize("make", [ScaledHashable, make_factory_backend], ids=["loose-eq-and-hash", "factory"])
+def test_lookalike_backends_get_their_own_code(flag_on, make):
+    x = torch.ones(3)
+    assert torch.equal(torch.compile(double, backend=make(2))(x), x * 4)
+    assert torch.equal(torch.compile(double, backend=make(3))(x), x * 6)
+
+
+def test_a_stateful_backend_sees_its_own_compiles(flag_on):
+    from torch._dynamo.testing import CompileCounter
+
+    first, second = CompileCounter(), CompileCounter()
+    torch.compile(double, backend=first)(torch.ones(2))
+    torch.compile(double, backend=second)(torch.ones(2))
+    assert (first.frame_count, second.frame_count) == (1, 1)
+
+
+class Keyed(Scaled):
+    """Opts in: backends with the same key compile alike (the key decides the scale)."""
+
+    def __init__(self, key):
+        super().__init__({"two": 2, "three": 3}.get(key, 5))
+        self._torchdynamo_cache_key = key
+
+
+def test_an_explicit_key_shares_code_and_a_falsy_one_does_not(flag_on):
+    x = torch.ones(2)
+    before = compiles()
+    backends = [Keyed(key) for key in ("two", "two", "three", "two")]  # alive: their code is kept
+    for backend in backends:
+        assert torch.equal(torch.compile(double, backend=backend)(x), x * 2 * backend.scale)
+    assert compiles() - before == 2
+    backends = [Keyed(key) for key in (None, None, "", "", 0, 0)]
+    for backend in backends:
+        torch.compile(double, backend=backend)(x)
+    assert compiles() - before == 8
+
+
+@torch._dynamo.backends.registry.register_backend(name="stableguards_test_scaled")
+def registered_scaled(gm, example_inputs, options=None):
+    scale = (options or {}).get("scale", 1)
+    return lambda *args: [out * scale for out in gm.forward(*args)]
+
+
+def test_a_registered_name_with_equal_options_shares(flag_on):
+    x = torch.ones(2)
+    before = compiles()
+    for scale in (2, 2, 3, 2):
+        out = torch.compile(double, backend="stableguards_test_scaled", options={"scale": scale})(x)
+        assert torch.equal(out, x * 2 * scale)
+    assert compiles() - before == 2
+    assert "differs in kwargs['options']['scale']: 3 vs 2" in stableguards.explain()
 
 
 def test_flag_off_shows_the_false_hit_this_prevents(fresh_dynamo):

@@ -97,3 +97,22 @@ def test_optimizer_and_cudagraph_events_are_counted_and_explained(caplog):
     assert "optimizer Adam at 0x1 (1 group(s), 4 param(s)) was collected: released 3 cache entries" in text
     assert "L['w'] 0x10 -> 0x20" in text
     assert any("L['w'] 0x10 -> 0x20" in r.getMessage() for r in caplog.records)
+
+
+def test_a_backend_switch_names_the_component_that_differs():
+    from stableguards.backend_match import Fingerprinter
+
+    class Wrapper:
+        def __init__(self, options):
+            self.options = options
+
+    fp = Fingerprinter(is_torch_wrapper=lambda obj: type(obj) is Wrapper)
+    manager = GuardManager()
+    new = fp.fingerprint(Wrapper({"max_autotune": True, "mode": "x"}))
+    far = fp.fingerprint(Wrapper({"max_autotune": False, "mode": "y"}))
+    close = fp.fingerprint(Wrapper({"max_autotune": False, "mode": "x"}))
+    manager.note_backend_switch("f (train.py:3)", new, [far, close, "SomeBackend"])
+    line = manager.explain().splitlines()[-1]
+    assert manager.counters["backend_switches"] == 1
+    assert "its code for 3 other backend(s)" in line
+    assert line.endswith("differs in options['max_autotune']: True vs False")

@@ -1,46 +1,61 @@
 #!/usr/bin/env bash
-# One entry point for a fresh machine: creates .venv, installs torch 2.13.0
-# (CPU) explicitly first, then this project, then runs what you asked for.
+# One entry point for a fresh machine: creates a virtual environment, installs
+# torch explicitly first, then this project, then runs what you asked for.
 #
 #   ./dev.sh demo    cross-restart A/B demo: prints the table, writes bench/out/
-#   ./dev.sh test    the test suite
+#   ./dev.sh test    the test suite (arguments after it go to pytest)
 #   ./dev.sh bench   the micro-benchmarks (allocator, import time, profile I/O, backends, key ledger,
 #                    optimizer steps; cudagraph checks on a CUDA machine)
+#
+#   --torch VERSION  (first argument after the command) runs against another torch, in
+#                    .venv-torch-VERSION: ./dev.sh test --torch 2.15.0
+#
+# The default is torch 2.13.0, whose CPU wheel is small; 2.14 and 2.15 come from
+# PyPI with their CUDA libraries (about 5 GB; they run on CPU).
 set -euo pipefail
 cd "$(dirname "$0")"
 
+DEFAULT_TORCH=2.13.0
+TORCH_VERSION=$DEFAULT_TORCH
+COMMAND="${1:-}"
+[ $# -gt 0 ] && shift
+if [ "${1:-}" = "--torch" ]; then
+    TORCH_VERSION="${2:?--torch needs a version, e.g. 2.15.0}"
+    shift 2
+fi
+if [ "$TORCH_VERSION" = "$DEFAULT_TORCH" ]; then VENV=.venv; else VENV=".venv-torch-$TORCH_VERSION"; fi
+PY="$VENV/bin/python"
+
 setup() {
-    [ -x .venv/bin/python ] || "${PYTHON:-python3}" -m venv .venv
-    # Pin torch first: an unpinned torch would pull a multi-GB CUDA build.
-    .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$1]"
+    [ -x "$PY" ] || "${PYTHON:-python3}" -m venv "$VENV"
+    # Pin torch first: an unpinned torch would pull a multi-GB CUDA build.  Some
+    # machines cap torch with a pip constraint file; a version asked for by name
+    # lifts it for this install only.
+    local lift=()
+    [ "$TORCH_VERSION" = "$DEFAULT_TORCH" ] || lift=(env PIP_CONSTRAINT=/dev/null)
+    ${lift[@]+"${lift[@]}"} "$PY" -m pip install -q --disable-pip-version-check "torch==$TORCH_VERSION"
+    ${lift[@]+"${lift[@]}"} "$PY" -m pip install -q --disable-pip-version-check -e ".[$1]"
 }
 
-case "${1:-}" in
+case "$COMMAND" in
     demo)
         setup test,bench
-        .venv/bin/python bench/restart_ab.py
+        "$PY" bench/restart_ab.py "$@"
         ;;
     test)
         setup test
-        shift
-        .venv/bin/python -m pytest "$@"
+        echo "torch $("$PY" -c 'import torch; print(torch.__version__)')"
+        "$PY" -m pytest "$@"
         ;;
     bench)
         setup test,bench
-        .venv/bin/python bench/alloc_cost.py
-        .venv/bin/python bench/import_time.py
-        .venv/bin/python bench/pgo_io.py
-        .venv/bin/python bench/backend_switch.py
-        .venv/bin/python bench/optimizer_table.py
-        .venv/bin/python bench/optimizer_guard_check.py
-        .venv/bin/python bench/optimizer_rebuild.py
-        .venv/bin/python bench/cudagraph_static.py
-        .venv/bin/python bench/backend_call_cost.py
-        .venv/bin/python bench/key_ledger.py
+        for script in alloc_cost import_time pgo_io backend_switch optimizer_table optimizer_guard_check \
+                      optimizer_rebuild cudagraph_static backend_call_cost key_ledger; do
+            "$PY" "bench/$script.py"
+        done
         ;;
     *)
-        echo "usage: ./dev.sh demo|test|bench" >&2
+        echo "usage: ./dev.sh demo|test|bench [--torch VERSION] [arguments]" >&2
         exit 2
         ;;
 esac

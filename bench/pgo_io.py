@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--redis", metavar="URL", help="also time a Redis store")
     args = parser.parse_args()
 
-    import stableguards.integration as integration  # the converters to torch's objects
+    import stableguards.hooks.profiles as integration  # the converters to torch's objects
 
     profile = make_profile()
     raw = encode(profile)

@@ -1,14 +1,15 @@
 """Cross-restart A/B: does a restarted process find its compiled graphs in the caches?
 
-For each workload and each configuration (flag off; flag on; flag on with the
-stable symbol allocator left to torch), two fresh processes share one new cache
-directory (TORCHINDUCTOR_CACHE_DIR): a cold one, then a warm one, each making
-the same calls.  The warm process's counters say whether the restart reused the
+For each workload and each configuration (flag off or on, with or without a
+job id; optionally flag on with the stable symbol allocator left to torch), two
+fresh processes share one new cache directory (TORCHINDUCTOR_CACHE_DIR): a cold
+one, then a warm one, each making the same calls.  The warm process's counters say whether the restart reused the
 cold work.  All configurations run in the same invocation, so the ratios compare
 like with like on a noisy machine.
 
     python bench/restart_ab.py                # all workloads, inductor
     python bench/restart_ab.py --workloads seed --backend aot_eager
+    python bench/restart_ab.py --configs off on "on, symbols off" --job-id set
 
 Writes bench/out/restart_ab.json and bench/out/restart_ab.png.
 """
@@ -25,22 +26,20 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "out"
-# Upstream PGO reads and writes profiles only when a job id is set.
+# Upstream PGO reads and writes profiles only when a job id is set (the
+# open-source default has none); stableguards keys its profile by the entry point.
 JOB_ID = "stableguards-restart-ab"
 CONFIGS = {
     "off": {"TORCHDYNAMO_STABLE_GUARDS": "0"},
     "on": {"TORCHDYNAMO_STABLE_GUARDS": "1"},
     "on, symbols off": {"TORCHDYNAMO_STABLE_GUARDS": "1", "STABLEGUARDS_DISABLE": "symbols"},
 }
+JOB_IDS = {"set": {"TORCH_COMPILE_JOB_ID": JOB_ID}, "unset": {}}
 
 
 def run_child(workload: str, backend: str, cache_dir: str, env_overrides: dict) -> dict:
-    env = dict(os.environ)
-    env.update(
-        TORCHINDUCTOR_CACHE_DIR=cache_dir,
-        TORCH_COMPILE_JOB_ID=JOB_ID,
-        PYTHONHASHSEED="random",
-    )
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_COMPILE_JOB_ID"}
+    env.update(TORCHINDUCTOR_CACHE_DIR=cache_dir, PYTHONHASHSEED="random")
     env.update(env_overrides)
     proc = subprocess.run(
         [sys.executable, str(HERE / "_restart_child.py"), workload, backend],
@@ -53,16 +52,17 @@ def run_child(workload: str, backend: str, cache_dir: str, env_overrides: dict) 
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def measure(workload: str, backend: str, config: str, extra_env: dict | None = None) -> dict:
-    env = {**CONFIGS[config], **(extra_env or {})}
+def measure(workload: str, backend: str, config: str, job_id: str, extra_env: dict | None = None) -> dict:
+    env = {**CONFIGS[config], **JOB_IDS[job_id], **(extra_env or {})}
     with tempfile.TemporaryDirectory(prefix="sg-ab-") as cache_dir:
         cold = run_child(workload, backend, cache_dir, env)
         warm = run_child(workload, backend, cache_dir, env)
-    return {"workload": workload, "config": config, "cold": cold, "warm": warm}
+    return {"workload": workload, "config": config, "job_id": job_id, "cold": cold, "warm": warm}
 
 
 COLUMNS = (
     ("config", lambda r: r["config"]),
+    ("job id", lambda r: r["job_id"]),
     ("fx hit", lambda r: r["warm"]["fxgraph_cache_hit"]),
     ("fx miss", lambda r: r["warm"]["fxgraph_cache_miss"]),
     ("aot hit", lambda r: r["warm"]["autograd_cache_hit"]),
@@ -95,15 +95,17 @@ def draw_chart(rows: list[dict], path: Path) -> bool:
     except ImportError:
         return False
     workloads = sorted({r["workload"] for r in rows}, key=[r["workload"] for r in rows].index)
-    configs = sorted({r["config"] for r in rows}, key=list(CONFIGS).index)
-    warm = {(r["workload"], r["config"]): r["warm"]["compile_s"] for r in rows}
+    series = sorted({(r["config"], r["job_id"]) for r in rows},
+                    key=lambda s: (list(JOB_IDS).index(s[1]), list(CONFIGS).index(s[0])))
+    warm = {(r["workload"], r["config"], r["job_id"]): r["warm"]["compile_s"] for r in rows}
     fig, ax = plt.subplots(figsize=(1.8 + 1.8 * len(workloads), 3.6))
-    width = 0.8 / len(configs)
+    width = 0.8 / len(series)
     colours = {"off": "#b0b0b0", "on": "#2a7ab9", "on, symbols off": "#8cc0e6"}
-    for i, config in enumerate(configs):
+    for i, (config, job_id) in enumerate(series):
         ax.bar([x - 0.4 + width * (i + 0.5) for x in range(len(workloads))],
-               [warm[(w, config)] for w in workloads], width=width,
-               label=f"flag {config}", color=colours[config])
+               [warm[(w, config, job_id)] for w in workloads], width=width,
+               label=f"flag {config}, job id {job_id}", color=colours[config],
+               hatch="//" if job_id == "unset" else None)
     ax.set_xticks(list(range(len(workloads))), workloads)
     ax.set_ylabel("warm-restart compile seconds")
     ax.set_title("stableguards: warm restart compile time")
@@ -119,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--configs", nargs="+", default=["off", "on"], choices=list(CONFIGS))
+    parser.add_argument("--job-id", choices=["set", "unset", "both"], default="both")
     parser.add_argument("--backend", default="inductor")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
@@ -128,8 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     extra_env = dict(item.split("=", 1) for item in args.env)
 
     rows = []
+    job_ids = list(JOB_IDS) if args.job_id == "both" else [args.job_id]
+    import torch
+
+    print(f"torch {torch.__version__}, backend {args.backend}", flush=True)
     for workload in args.workloads:
-        group = [measure(workload, args.backend, config, extra_env) for config in args.configs]
+        group = [measure(workload, args.backend, config, job_id, extra_env)
+                 for job_id in job_ids for config in args.configs]
         print(format_table(workload, group), flush=True)
         print(flush=True)
         rows += group

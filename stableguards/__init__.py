@@ -8,11 +8,13 @@ changes until it is on.
 
 from __future__ import annotations
 
-from stableguards.integration import MANAGER as manager
-from stableguards.integration import arm as _arm
+from stableguards.hooks import STATE as _STATE
+from stableguards.hooks import arm as _arm
 from stableguards.optimizer_guards import static_grads
 
 __all__ = ["explain", "manager", "static_grads"]
+
+manager = _STATE.manager
 
 
 def explain() -> str:

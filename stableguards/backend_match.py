@@ -98,6 +98,10 @@ class IdentityTable(Generic[V]):
             self._values[id(obj)] = (value, obj)  # keeps obj alive: its id stays its own
         return value
 
+    def peek(self, obj: object) -> V | None:
+        entry = self._values.get(id(obj))
+        return None if entry is None else entry[0]
+
     def __len__(self) -> int:
         return len(self._values)
 

@@ -48,7 +48,7 @@ def _store(args: argparse.Namespace) -> ProfileStore:
         return RedisStore(args.redis)
     if args.dir:
         return LocalStore(args.dir)
-    from stableguards.integration import profile_store  # the store compiles use
+    from stableguards.hooks.profiles import profile_store  # the store compiles use
 
     store = profile_store()
     if store is None:

@@ -2,7 +2,7 @@
 
 It owns the stable parts (symbol ids now; profiles, backend matching and
 optimizer guards as they arrive), counts what they do and can say why.  It is
-plain Python: the hooks in ``stableguards.integration`` call it with plain
+plain Python: the hooks in ``stableguards.hooks`` call it with plain
 values, and tests can drive it without Dynamo.
 """
 

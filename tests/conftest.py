@@ -13,6 +13,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="stableguards-tests-")
 
 
+@pytest.fixture(autouse=True)
+def fresh_stableguards_state():
+    """Counters, explanations and warnings given start empty in every test."""
+    from stableguards.hooks import STATE
+
+    STATE.reset()
+
+
 @pytest.fixture
 def fresh_dynamo():
     """Dynamo with no cached frames before and after the test."""

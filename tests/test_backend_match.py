@@ -17,7 +17,7 @@ import torch._dynamo
 from torch._dynamo.backends.common import aot_autograd
 
 import stableguards
-from stableguards import integration
+from stableguards.hooks import backends
 
 
 @pytest.fixture
@@ -214,8 +214,7 @@ def test_fingerprint_failure_falls_back_to_upstream(flag_on, monkeypatch, caplog
     def broken(backend):
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(integration, "backend_fingerprint", broken)
-    integration._warned.discard("backend match")
+    monkeypatch.setattr(backends, "backend_fingerprint", broken)
     with caplog.at_level(logging.WARNING, logger="stableguards"):
         assert torch.equal(torch.compile(double, backend="eager")(torch.ones(2)), torch.ones(2) * 2)
     assert "injected" in caplog.text
@@ -228,7 +227,7 @@ def test_flag_off_leaves_cache_entries_to_torch(fresh_dynamo):
 
 
 def test_torch_wrappers_fingerprint_the_same_in_every_process():
-    script = ("import torch, stableguards.integration as i\n"
+    script = ("import torch, stableguards.hooks.backends as i\n"
               "print(i.backend_fingerprint(torch._TorchCompileWrapper('aot_eager', None, {}, None)).digest,"
               " i.backend_fingerprint(torch._TorchCompileInductorWrapper('max-autotune', None, None)).digest)")
     outs = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,

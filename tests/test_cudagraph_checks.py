@@ -162,26 +162,43 @@ def test_real_tensors_rebinding_moves_and_copy_in_place_does_not():
     assert w.check("g", [rebound, x]).rerecords == 2
 
 
+class StandInNode:
+    """Behaves as torch's CUDAGraphNode does at the hook points, on CPU."""
+
+    def __init__(self, wrapped_function, id, parent, inputs, cuda_graphs_pool, device_index,
+                 stack_traces, stream, mode, compile_id):
+        self.wrapped_function = wrapped_function
+        self.tensor_static_input_idxs = [0]
+        inputs.clear()  # as torch does: the node takes over its inputs
+
+    def check_invariants(self, inputs):
+        from torch._inductor.cudagraph_trees import CheckInvariantStatus
+
+        return CheckInvariantStatus.StaticInputIdxMismatch, None
+
+
 def test_cudagraph_hooks_name_the_moved_input_and_strict_refuses(caplog):
-    """The glue in stableguards.integration, driven on CPU with a stand-in for CUDAGraphNode."""
+    """The hooks in stableguards.hooks.cudagraphs, through the fail-open wrapper, on a stand-in
+    that consumes its inputs as torch's node does (the addresses must be taken before)."""
     import logging
     from types import SimpleNamespace
 
     import torch
-    from torch._inductor.cudagraph_trees import CheckInvariantStatus
 
     import stableguards
-    from stableguards import integration
+    from stableguards.hooks import STATE, cudagraphs
+    from stableguards.hooks.core import _wrap
 
+    hooks = {h.target: h for h in cudagraphs.HOOKS}
+    init = _wrap(hooks["CUDAGraphNode.__init__"], StandInNode.__init__)
+    check = _wrap(hooks["CUDAGraphNode.check_invariants"], StandInNode.check_invariants)
     function = SimpleNamespace(id="fn-7", placeholders=[SimpleNamespace(name="primals_1"),
                                                          SimpleNamespace(name="primals_2")])
-    node = SimpleNamespace(wrapped_function=function, tensor_static_input_idxs=[0])
-    record = integration._record_static_inputs(lambda self, *args, **kwargs: None)
-    check = integration._explain_static_input_moves(
-        lambda self, inputs: (CheckInvariantStatus.StaticInputIdxMismatch, None))
     weight, x = torch.zeros(2), torch.zeros(2)
+    node = StandInNode.__new__(StandInNode)
     with torch._dynamo.config.patch(stable_guards=True), caplog.at_level(logging.WARNING, "stableguards"):
-        record(node, function, 0, None, [weight, x])
+        init(node, function, 0, None, [weight, x], None, 0, None, None, None, compile_id="c0")
+        assert STATE.manager.counters["fallbacks"] == 0
         check(node, [weight.clone(), x])
         assert any("primals_1" in r.getMessage() and "1st time" in r.getMessage() for r in caplog.records)
         stableguards.manager.strict_static_inputs = True

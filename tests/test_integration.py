@@ -12,7 +12,8 @@ import torch
 import torch._dynamo
 
 import stableguards
-from stableguards import integration
+from stableguards import hooks
+from stableguards.hooks import STATE
 from stableguards.symbols import home_slot
 
 
@@ -38,7 +39,7 @@ def add(x, y):
 
 
 def run(code: str, **env: str) -> str:
-    full_env = {k: v for k, v in os.environ.items() if k != integration.ENV_VAR}
+    full_env = {k: v for k, v in os.environ.items() if k != hooks.ENV_VAR}
     full_env.update(env)
     proc = subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True,
                           text=True, check=True)
@@ -61,9 +62,9 @@ def test_every_hook_installs_through_the_entry_point_alone():
               "logging.basicConfig()\n"
               "torch.compile(lambda x: x + 1, backend='inductor')(torch.ones(2))\n"
               "import torch._inductor.cudagraph_trees\n"
-              "from stableguards import integration\n"
-              "print(sorted(name for _, name in integration._originals))\n"
-              "print(sorted(integration._warned))", TORCHDYNAMO_STABLE_GUARDS="1")
+              "from stableguards.hooks import STATE\n"
+              "print(sorted(name for _, name in STATE.seams))\n"
+              "print(sorted(STATE._warned))", TORCHDYNAMO_STABLE_GUARDS="1")
     hooks, warned = out.splitlines()[-2:]
     for name in ("compiled_fx_graph_hash", "check_invariants", "map_sources_and_install_guards",
                  "_generate_unique_id", "get_compiler_fn"):
@@ -115,9 +116,8 @@ def test_an_internal_error_warns_once_and_falls_back(fresh_dynamo, monkeypatch, 
     def broken(*args):
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(integration.MANAGER, "symbol_id", broken)
-    integration._warned.discard("symbol ids")
-    before = integration.MANAGER.counters["fallbacks"]
+    monkeypatch.setattr(STATE.manager, "symbol_id", broken)
+    before = STATE.manager.counters["fallbacks"]
     with caplog.at_level(logging.WARNING, logger="stableguards"), \
             torch._dynamo.config.patch(stable_guards=True):
         names = graph_symbols(add, torch.randn(3), torch.randn(4))
@@ -126,44 +126,82 @@ def test_an_internal_error_warns_once_and_falls_back(fresh_dynamo, monkeypatch, 
     assert names == [f"s{upstream_id(src)}" for src in ("L['x'].size()[0]", "L['y'].size()[0]")]
     assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
     assert "injected" in caplog.records[0].message
-    assert integration.MANAGER.counters["fallbacks"] - before == 4
+    assert STATE.manager.counters["fallbacks"] - before == 4
     assert "injected" in stableguards.explain()
 
 
 def test_an_unsupported_torch_warns_once_and_hooks_nothing(monkeypatch, caplog):
-    integration.uninstall()
+    hooks.uninstall()
     try:
-        monkeypatch.setattr(torch, "__version__", "2.14.0")
-        integration._warned.discard("version")
+        monkeypatch.setattr(torch, "__version__", "2.16.0")
+        monkeypatch.delenv(hooks.UNTESTED_ENV_VAR, raising=False)
         with caplog.at_level(logging.WARNING, logger="stableguards"):
-            integration.install()
-            integration.install()
-        assert integration._originals == {}
-        assert len(caplog.records) == 1 and "2.14.0" in caplog.records[0].message
+            hooks.install()
+            hooks.install()
+        assert STATE.seams == {}
+        assert len(caplog.records) == 1 and "2.16.0" in caplog.records[0].message
         assert torch._dynamo.config.stable_guards is False  # the flag still exists
     finally:
         monkeypatch.undo()
-        integration.install()
-    assert integration._originals
+        hooks.install()
+    assert STATE.seams
 
 
 def test_uninstall_restores_upstream(fresh_dynamo):
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     hooked = ShapeEnv._generate_unique_id
-    integration.uninstall()
+    hooks.uninstall()
     try:
         assert ShapeEnv._generate_unique_id is not hooked
         with torch._dynamo.config.patch(stable_guards=True):
             names = graph_symbols(add, torch.randn(3), torch.randn(4))
         assert names == [f"s{upstream_id(src)}" for src in ("L['x'].size()[0]", "L['y'].size()[0]")]
     finally:
-        integration.install()
+        hooks.install()
 
 
 def test_an_unknown_part_in_stableguards_disable_is_named(monkeypatch, caplog):
-    monkeypatch.setattr(integration.MANAGER, "disabled", frozenset({"symbol"}))
-    integration._warned.discard("parts")
+    monkeypatch.setattr(STATE.manager, "disabled", frozenset({"symbol"}))
     with caplog.at_level(logging.WARNING, logger="stableguards"):
-        integration.install()
+        hooks.install()
     assert "symbol" in caplog.text and "symbols, pgo, backend" in caplog.text
+
+
+def test_an_untested_torch_opted_in_gets_every_part_whose_hook_points_fit(monkeypatch, caplog):
+    """STABLEGUARDS_UNTESTED_TORCH=1: the same shape checks run; a part that does not fit
+    stays off, named in a warning, and the others go in."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    [symbol_hook] = hooks.hook_tables()["symbols"]
+    hooks.uninstall()
+    try:
+        monkeypatch.setattr(torch, "__version__", "2.99.0")
+        monkeypatch.setenv(hooks.UNTESTED_ENV_VAR, "1")
+        monkeypatch.setattr(symbol_hook, "params", ("source_name", "a_parameter_torch_renamed"))
+        with caplog.at_level(logging.WARNING, logger="stableguards"):
+            hooks.install()
+        assert "symbols" not in STATE.installed and {"pgo", "backend", "optimizer"} <= STATE.installed
+        assert not hasattr(ShapeEnv._generate_unique_id, "__stableguards_hook__")
+        [warning] = [r.getMessage() for r in caplog.records]
+        assert "'symbols'" in warning and "a_parameter_torch_renamed" in warning
+    finally:
+        monkeypatch.undo()
+        hooks.uninstall()
+        hooks.install()
+    assert STATE.installed == set(hooks.PARTS)
+
+
+def test_a_part_left_to_torch_changes_only_that_part(fresh_dynamo, monkeypatch):
+    """STABLEGUARDS_DISABLE=backend: symbols stay stable, cache entries are torch's."""
+    monkeypatch.setattr(STATE.manager, "disabled", frozenset({"backend"}))
+    import torch._C._dynamo.eval_frame as c_eval_frame
+
+    with torch._dynamo.config.patch(stable_guards=True):
+        names = graph_symbols(add, torch.randn(3), torch.randn(4))
+        torch._dynamo.reset()
+        torch.compile(add, backend="eager")(torch.ones(2), torch.ones(2))
+    assert names == [f"s{home_slot(src)}" for src in ("L['x'].size()[0]", "L['y'].size()[0]")]
+
+    backends = {type(e.backend).__name__ for e in c_eval_frame._debug_get_cache_entry_list(add.__code__)}
+    assert "_DynamoBackendKey" not in backends

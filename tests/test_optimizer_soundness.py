@@ -593,7 +593,7 @@ UPSTREAM_PGO_BUG = (
 @pytest.mark.xfail(strict=False, raises=AssertionError, reason=UPSTREAM_PGO_BUG)
 def test_a_profile_with_dynamic_weight_decay_under_aot_eager(twins):
     """Found by the state machine when profiles leaked from one example into the next."""
-    from stableguards import integration
+    from stableguards.hooks import profiles as integration
     from stableguards.pgo.profile import FORMAT, VERSION, from_json
 
     step = inspect.unwrap(torch.optim.SGD.step).__code__

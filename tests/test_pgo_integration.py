@@ -123,18 +123,17 @@ def test_an_internal_error_in_the_profile_path_falls_back(tmp_path, monkeypatch)
     import torch
     import torch._dynamo
 
-    from stableguards import integration
+    from stableguards.hooks import STATE
 
     def broken(observed):
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(integration.MANAGER, "save_profile", broken)
+    monkeypatch.setattr(STATE.manager, "save_profile", broken)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    integration._warned.discard("pgo write")
     torch._dynamo.reset()
     with torch._dynamo.config.patch(stable_guards=True):
         f = torch.compile(lambda x: x * 2, backend="eager")
         assert torch.equal(f(torch.ones(3)), torch.ones(3) * 2)
         assert torch.equal(f(torch.ones(4)), torch.ones(4) * 2)
     torch._dynamo.reset()
-    assert "pgo write" in integration._warned
+    assert STATE.warned("put_code_state (pgo)")

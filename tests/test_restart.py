@@ -16,7 +16,7 @@ from workloads import WORKLOADS
                          + [("seed", "on, symbols off")])
 def test_flag_on_warm_restart_hits_both_caches_and_matches_eager(workload, config):
     """Flag on; once more with the allocator left to torch, where the profiles alone must do it."""
-    warm = measure(workload, "inductor", config)["warm"]
+    warm = measure(workload, "inductor", config, "set")["warm"]
     assert warm["compiles"] >= 1
     assert warm["fxgraph_cache_miss"] == 0 and warm["autograd_cache_miss"] == 0, warm
     assert warm["fxgraph_cache_hit"] == warm["compiles"], warm
@@ -30,7 +30,7 @@ def test_flag_off_the_seed_case_misses_on_restart():
     If this starts passing with zero misses, upstream changed its allocator and
     the seed workload no longer shows the problem it was written for.
     """
-    warm = measure("seed", "inductor", "off")["warm"]
+    warm = measure("seed", "inductor", "off", "set")["warm"]
     assert warm["fxgraph_cache_miss"] >= 1, warm
     assert warm["matches_eager"]
 
@@ -55,7 +55,7 @@ def test_artifacts_never_cross_backend_configurations_after_a_restart():
 
 def test_a_restart_miss_is_explained_by_the_key_component_and_symbol():
     """With the stable parts off, the seed case misses; explain() says which component differs."""
-    warm = measure("seed", "inductor", "on", {"STABLEGUARDS_DISABLE": "symbols,pgo,backend"})["warm"]
+    warm = measure("seed", "inductor", "on", "set", {"STABLEGUARDS_DISABLE": "symbols,pgo,backend"})["warm"]
     assert warm["fxgraph_cache_miss"] >= 1
     miss = next(line for line in warm["explain"].splitlines() if "FX-graph cache miss" in line)
     assert "example_inputs" in miss and "s68" in miss and "s69" in miss

@@ -2,6 +2,6 @@
 
 ``profile`` is the data model and its merge, ``store`` where profiles live,
 ``session`` one process's reads and writes, ``identity`` the stable code and
-profile identities.  None of it imports torch; ``stableguards.integration``
+profile identities.  None of it imports torch; ``stableguards.hooks.profiles``
 connects it to Dynamo.
 """

@@ -1,0 +1,191 @@
+"""The hook layer: the only code that touches torch's private internals.
+
+One module per feature declares its seams in a table (``HOOKS``): symbols,
+profiles, backends, cache keys, optimizers, cudagraphs.  ``install`` applies
+the tables all-or-nothing per part, with feature detection (the hook point
+exists, the parameters a hook binds by name are there), and every hook runs
+through one fail-open wrapper (``stableguards.hooks.core``).  Process state
+lives on ``STATE`` (``stableguards.hooks.state``).
+
+Nothing here imports ``torch._dynamo`` eagerly.  ``arm()`` runs at the end of
+``import torch`` (through the ``torch.backends`` entry point) and on
+``import stableguards``; it waits for ``torch._dynamo`` to be imported, so a
+program that never compiles pays only for this package's import.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from stableguards.hooks.core import FLAG, PARTS, Hook, HookDoesNotFit, apply, enabled, remove, remove_all
+from stableguards.hooks.state import STATE
+
+__all__ = ["ENV_VAR", "FLAG", "PARTS", "STATE", "arm", "enabled", "hook_tables", "install", "uninstall"]
+
+ENV_VAR = "TORCHDYNAMO_STABLE_GUARDS"
+# torch releases whose hook points this layer was tested against; another one gets
+# a warning and no hooks unless the user opts in with UNTESTED_ENV_VAR.
+TESTED_TORCH = ("2.13", "2.14", "2.15")
+UNTESTED_ENV_VAR = "STABLEGUARDS_UNTESTED_TORCH"
+LOG_ARTIFACT = "stableguards"
+
+
+def hook_tables() -> dict[str, list[Hook]]:
+    """Every declared hook, by part: where stableguards meets torch, in one place."""
+    from stableguards.hooks import backends, cache_keys, cudagraphs, optimizers, profiles, symbols
+
+    hooks = [*symbols.HOOKS, *profiles.HOOKS, *backends.HOOKS, *cache_keys.HOOKS, *optimizers.HOOKS,
+             *cudagraphs.HOOKS]
+    return {part: [h for h in hooks if h.part == part] for part in PARTS}
+
+
+def arm() -> None:
+    """Register the flag and hooks as soon as ``torch._dynamo`` exists.
+
+    Called at the end of ``import torch``, where an exception would abort the
+    import, so it never raises.
+    """
+    try:
+        _register_log_artifact()
+        dynamo = sys.modules.get("torch._dynamo")
+        if dynamo is not None and hasattr(dynamo, "config"):
+            install()
+        elif not any(isinstance(f, _AfterImport) and f.module_name == "torch._dynamo" for f in sys.meta_path):
+            _after_import("torch._dynamo", lambda _: install())
+    except Exception as error:  # noqa: BLE001 - must not break `import torch`
+        uninstall()
+        STATE.warn_once("arm", f"stableguards could not arm its hooks ({error!r}); it is inactive")
+
+
+def install() -> None:
+    """Register the flag and put every part's hooks in place (idempotent)."""
+    import torch
+    import torch._dynamo.config as dynamo_config
+
+    _register_flag(dynamo_config)
+    if unknown := STATE.manager.disabled - set(PARTS):
+        STATE.warn_once("parts", f"STABLEGUARDS_DISABLE names {', '.join(sorted(unknown))}, which "
+                                 f"stableguards does not have; its parts are {', '.join(PARTS)}")
+    release = ".".join(torch.__version__.split(".")[:2])
+    if release not in TESTED_TORCH and not os.environ.get(UNTESTED_ENV_VAR):
+        STATE.warn_once("version", f"stableguards is tested with torch {', '.join(TESTED_TORCH)}, not "
+                                   f"{torch.__version__}: torch._dynamo.config.{FLAG} is accepted but "
+                                   f"does nothing (set {UNTESTED_ENV_VAR}=1 to try its hooks anyway)")
+        return
+    for part, hooks in hook_tables().items():
+        if part not in STATE.installed:
+            _install_part(part, hooks)
+    _attach_log_artifact()
+
+
+def _install_part(part: str, hooks: list[Hook]) -> None:
+    try:
+        apply(h for h in hooks if not h.lazy)
+    except HookDoesNotFit as why:
+        _part_off(part, why)
+        return
+    STATE.installed.add(part)
+    for module in dict.fromkeys(h.module for h in hooks if h.lazy):
+        later = [h for h in hooks if h.lazy and h.module == module]
+        _after_import(module, lambda _, part=part, later=later: _install_later(part, later))
+
+
+def _install_later(part: str, hooks: list[Hook]) -> None:
+    """Hooks of a part whose module loaded after the rest went in: all of them, or the part goes."""
+    if part not in STATE.installed:
+        return
+    try:
+        apply(hooks)
+    except HookDoesNotFit as why:
+        remove(part)
+        _part_off(part, why)
+
+
+def _part_off(part: str, why: Exception) -> None:
+    STATE.warn_once(f"part {part}", f"stableguards part {part!r} stays off: its hook points do not fit "
+                                    f"this torch ({why}); the other parts work as usual")
+
+
+def uninstall() -> None:
+    """Put every original back; the flag stays registered so user code keeps working."""
+    remove_all()
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _AfterImport)]
+
+
+def _register_flag(dynamo_config: ModuleType) -> None:
+    from torch.utils._config_module import _Config, _ConfigEntry
+
+    if FLAG in dynamo_config._config:
+        return
+    entry = _ConfigEntry(_Config(default=False, env_name_default=ENV_VAR), FLAG)
+    dynamo_config._config[FLAG] = entry
+    # The module caches its hash and dict per context; both must see the new key.
+    dynamo_config._hash_dirty_var.set(True)
+    dynamo_config._get_dict_dirty_keys_var.set(None)
+
+
+def _register_log_artifact() -> None:
+    """TORCH_LOGS=stableguards: torch parses TORCH_LOGS right after loading entry points."""
+    from torch._logging._internal import log_registry, register_artifact
+
+    if not log_registry.is_artifact(LOG_ARTIFACT):
+        register_artifact(LOG_ARTIFACT, "stableguards: why restarts missed and frames recompiled",
+                          off_by_default=True)
+
+
+def _attach_log_artifact() -> None:
+    import torch._logging
+
+    logger = torch._logging.getArtifactLogger("torch._dynamo.stableguards", LOG_ARTIFACT)
+    if not STATE.manager.listeners:
+        STATE.manager.listeners.append(logger.debug)
+
+
+def _after_import(module_name: str, install_hooks: Callable[[ModuleType], None]) -> None:
+    """Run ``install_hooks`` on the module now if it is loaded, else once it is."""
+    module = sys.modules.get(module_name)
+    if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
+        install_hooks(module)
+        return
+    waiting = next((f for f in sys.meta_path if isinstance(f, _AfterImport) and f.module_name == module_name),
+                   None)
+    if waiting is None:
+        waiting = _AfterImport(module_name)
+        sys.meta_path.insert(0, waiting)
+    waiting.callbacks.append(install_hooks)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Run callbacks right after a module finishes importing, then step aside."""
+
+    def __init__(self, module_name: str) -> None:
+        self.module_name = module_name
+        self.callbacks: list[Callable[[ModuleType], None]] = []
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.module_name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+        callbacks = self.callbacks
+
+        def exec_then_callback(module: ModuleType) -> None:
+            exec_module(module)
+            try:
+                for callback in callbacks:
+                    callback(module)
+            except Exception as error:  # noqa: BLE001 - never break the user's import
+                uninstall()  # an unexpected failure: all hooks or none
+                STATE.warn_once("install", f"stableguards could not install ({error!r}); it is inactive")
+
+        spec.loader.exec_module = exec_then_callback  # type: ignore[method-assign]
+        return spec

@@ -1,0 +1,241 @@
+"""BACKEND_MATCH: a per-backend cache, keyed by stableguards' backend fingerprints.
+
+torch.compile hands Dynamo a backend; ``get_compiler_fn`` wraps it for
+calling.  We put a ``_KeyedBackend`` in between whose
+``_torchdynamo_orig_backend`` is the interned key of the backend's
+fingerprint (``stableguards.backend_match``).  The C++ cache lookup follows
+that attribute chain to its end, so cache entries store and compare the key:
+a pointer comparison for equivalent backends, never a match for others, and
+no strong reference to the backend itself.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from stableguards.backend_match import BackendFingerprint, BackendKey, Fingerprinter, key_for
+from stableguards.hooks.core import Hook, registered_name
+from stableguards.hooks.state import STATE
+
+_CONVERT_FRAME = "torch._dynamo.convert_frame"
+
+
+class _DynamoBackendKey(BackendKey):
+    """A BackendKey as Dynamo expects the end of the backend chain to look.
+
+    ``compiler_name`` is the backend's own (``"eager"``, ``"inductor"``), as on
+    torch's wrappers; ``registered`` is what torch says of the backend itself
+    (Dynamo clears compile-time weakrefs after compiling for registered ones).
+    """
+
+    __slots__ = ("compiler_name", "registered")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Never called: Dynamo calls _KeyedBackend.  It only needs to be callable.
+        raise RuntimeError("a stableguards backend key is not a compiler")
+
+    def reset(self) -> None:
+        """torch._dynamo.reset() resets cached backends; the backends themselves reset elsewhere."""
+
+
+class _KeyedBackend:
+    """The user's backend, as Dynamo calls it, with its key where Dynamo looks for identity."""
+
+    def __init__(self, backend: Any, key: _DynamoBackendKey) -> None:
+        self._backend = backend
+        self._torchdynamo_orig_backend = key
+        self.compiler_name = getattr(backend, "compiler_name", None) or key.compiler_name
+        # WrapBackendDebug copies this object's __dict__, so these must be instance attributes.
+        for name in ("backend_ctx_ctor", "get_compiler_config"):
+            if hasattr(backend, name):
+                setattr(self, name, getattr(backend, name))
+
+    def __getattr__(self, name: str) -> Any:
+        # Whatever else torch asks of the backend (``_dynamo_backend_init`` from 2.15 on).
+        backend = self.__dict__.get("_backend")
+        if backend is None:
+            raise AttributeError(name)
+        return getattr(backend, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._backend(*args, **kwargs)
+
+    def reset(self) -> None:
+        reset = getattr(self._backend, "reset", None)
+        if callable(reset):
+            reset()
+
+
+def _get_compiler_fn(call: Any, compiler_fn: Any) -> Any:
+    STATE.release_pending()
+    if isinstance(compiler_fn, _KeyedBackend):
+        return call(compiler_fn)
+    backend = compiler_fn
+    if isinstance(compiler_fn, str):
+        from torch._dynamo.backends.registry import lookup_backend
+
+        try:
+            backend = lookup_backend(compiler_fn)
+        except Exception:  # noqa: BLE001 - an unknown name: torch says so in its own words
+            return call(compiler_fn)
+    keyed = _keyed(backend)
+    try:
+        return call(keyed)
+    except Exception as error:  # noqa: BLE001 - torch refused the wrapper: it gets the backend itself
+        STATE.fell_back("backend match (torch refused the keyed backend)", error)
+        return call.fn(compiler_fn)
+
+
+def _keyed(backend: Any) -> _KeyedBackend:
+    from torch._dynamo.backends import registry
+
+    fp = backend_fingerprint(backend)
+    key = key_for(fp, _DynamoBackendKey)
+    if not hasattr(key, "compiler_name"):  # equivalent backends, equal names: set once
+        key.compiler_name = (getattr(backend, "compiler_name", None)
+                             or registered_name(backend) or fp.description)
+        key.registered = registry._is_registered_backend(backend)
+    key.watch(_user_backend(backend), _release_entries)
+    return _KeyedBackend(backend, key)  # type: ignore[arg-type]
+
+
+def backend_fingerprint(backend: Any) -> BackendFingerprint:
+    """The fingerprint of a backend as torch.compile or torch._dynamo.optimize received it."""
+    return STATE.fingerprinter.fingerprint(backend)  # type: ignore[union-attr]
+
+
+@functools.cache
+def _torch_wrapper_types() -> tuple[type, ...]:
+    """torch's own backend wrappers, whose __call__ only calls their parts (see backend_match)."""
+    import torch
+    from torch._dynamo.backends import common
+
+    names = ("_TorchCompileInductorWrapper", "_TorchCompileAOTInductorWrapper", "_TorchCompileWrapper")
+    found = tuple(getattr(torch, n) for n in names if isinstance(getattr(torch, n, None), type))
+    aot = getattr(common, "AotAutograd", None)
+    return found + ((aot,) if isinstance(aot, type) else ())
+
+
+def _is_torch_wrapper(obj: Any) -> bool:
+    return type(obj) in _torch_wrapper_types()
+
+
+def _torch_name(obj: Any) -> str | None:
+    """Names of torch objects that are one object per name: dtypes, devices, layouts, ops."""
+    import torch
+
+    if type(obj) in (torch.dtype, torch.device, torch.layout, torch.memory_format):
+        return repr(obj)
+    if type(obj) in (torch._ops.OpOverload, torch._ops.OpOverloadPacket):
+        return f"op {obj}"
+    return None
+
+
+def _user_backend(backend: Any) -> Any:
+    """The object whose life decides how long compiled code is kept, or None for good.
+
+    torch.compile wraps what the user passed (a name, a callable) in a wrapper
+    made per call; the user's own object is its ``compiler_fn``.  Registered
+    backends and inductor live as long as the process.
+    """
+    inner = getattr(backend, "compiler_fn", backend)
+    if getattr(backend, "compiler_name", None) == "inductor" and not hasattr(backend, "compiler_fn"):
+        return None
+    return None if registered_name(inner) is not None else inner
+
+
+STATE.fingerprinter = Fingerprinter(registered_name, _is_torch_wrapper, _torch_name)
+
+
+def invalidate_entries(dead: Any, why: str) -> int:
+    """Invalidate every cache entry ``dead`` picks: its compiled code and guards can go."""
+    import torch._C._dynamo.eval_frame as c_eval_frame
+    import torch._dynamo.convert_frame as convert_frame
+    from torch._dynamo.guards import DeletedGuardManagerWrapper
+
+    released = 0
+    for ref in list(convert_frame.input_codes.seen):
+        code = ref()
+        if code is None:
+            continue
+        for entry in c_eval_frame._debug_get_cache_entry_list(code):
+            manager = entry.guard_manager
+            if dead(entry) and getattr(manager, "extra_state", None) is not None:
+                manager.extra_state.invalidate(manager.cache_entry, DeletedGuardManagerWrapper(why))
+                released += 1
+    return released
+
+
+def _release_entries(key: BackendKey) -> None:
+    """A key's last backend died: release its cache entries (unless an equivalent one came back)."""
+
+    def release() -> None:
+        if not key.alive:
+            released = invalidate_entries(lambda e: e.backend is key, "backend was collected")
+            STATE.manager.note_backend_released(str(key.fingerprint), released)
+
+    STATE.release_soon(release)
+
+
+def _convert_frame(call: Any, self: Any, frame: Any, cache_entry: Any, *args: Any, **kwargs: Any) -> Any:
+    """Know which backend a compile is for, and say when a frame switched backends."""
+    STATE.release_pending()
+    key = _innermost_key(self)
+    if key is not None:
+        _note_switch(frame.f_code, key)
+    token = STATE.current_key.set(key)
+    try:
+        return call(self, frame, cache_entry, *args, **kwargs)
+    finally:
+        STATE.current_key.reset(token)
+
+
+def _innermost_key(convert: Any) -> BackendKey | None:
+    backend = convert
+    for _ in range(16):  # the chain is short; a loop here would be a bug elsewhere
+        if isinstance(backend, BackendKey):
+            return backend
+        backend = getattr(backend, "_torchdynamo_orig_backend", None)
+        if backend is None:
+            return None
+    return None
+
+
+def _note_switch(code: Any, key: BackendKey) -> None:
+    import torch._C._dynamo.eval_frame as c_eval_frame
+
+    others = {e.backend for e in c_eval_frame._debug_get_cache_entry_list(code)
+              if e.code is not None and e.backend is not None}
+    if others and key not in others:
+        STATE.manager.note_backend_switch(
+            f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})", key.fingerprint,
+            [o.fingerprint if isinstance(o, BackendKey) else type(o).__name__ for o in others])
+
+
+def _compute_cache_size(call: Any, frame: Any, cache_entries: Any, *args: Any) -> Any:
+    """The recompile limit counts the live entries of the backend being compiled for."""
+    key = STATE.current_key.get()
+    if key is not None:
+        cache_entries = [e for e in cache_entries if e.backend is key and e.code is not None]
+    return call(frame, cache_entries, *args)
+
+
+def _is_registered_backend(call: Any, compiler_fn: Any) -> bool:
+    """torch asks this of the end of the backend chain: for a key, answer for its backend."""
+    if isinstance(compiler_fn, _DynamoBackendKey):
+        return compiler_fn.registered
+    return call(compiler_fn)
+
+
+HOOKS = [
+    Hook("torch._dynamo.eval_frame", "get_compiler_fn", "backend", _get_compiler_fn,
+         params=("compiler_fn",)),
+    Hook(_CONVERT_FRAME, "ConvertFrameAssert.__call__", "backend", _convert_frame,
+         params=("frame", "cache_entry")),
+    # convert_frame imported its helpers by name: patch its copies.
+    Hook(_CONVERT_FRAME, "compute_cache_size", "backend", _compute_cache_size,
+         params=("frame", "cache_entries")),
+    Hook(_CONVERT_FRAME, "_is_registered_backend", "backend", _is_registered_backend,
+         params=("compiler_fn",)),
+]

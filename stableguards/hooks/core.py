@@ -1,0 +1,206 @@
+"""How a hook is declared, wrapped and installed: the one place that patches torch.
+
+Each feature module in this package declares its seams in a table, ``HOOKS``:
+a list of ``Hook`` (where, which part, what runs).  ``install`` applies the
+tables all-or-nothing per part, after checking that every hook point exists
+and that the parameters a hook binds by name are there (feature detection:
+no version strings).  Every hook runs through ``_wrap``, which checks the flag
+and the part first and fails open by construction:
+
+* flag off, or the part left to torch: torch's own code, unchanged;
+* an exception from torch's own code: re-raised as it is;
+* an exception of stableguards' own: one warning, a counted fallback, and
+  torch's result: the original's return value if it already ran, else a call
+  to the original.
+
+A hook's ``impl`` receives ``call``, the original wrapped so that the wrapper
+knows whether torch has run or raised, followed by the original's arguments.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stableguards.cudagraph_checks import StaticInputMoved
+from stableguards.hooks.state import STATE
+
+log = logging.getLogger("stableguards")
+
+FLAG = "stable_guards"
+PARTS = ("symbols", "pgo", "backend", "keys", "optimizer", "cudagraphs")
+# Raised on purpose, to the user: never a reason to fall back.
+_PASS_THROUGH = (StaticInputMoved,)
+
+
+@dataclass(eq=False)  # compared by identity: a hook is one seam's one wrapper
+class Hook:
+    """One seam: ``module.target`` (``"Class.method"`` or a function) runs ``impl``.
+
+    ``params`` are the parameter names ``impl`` binds by name; install checks
+    that the hook point has them.  ``lazy`` hook points live in a module that
+    cannot be imported while ``torch._dynamo`` is importing (inductor): they go
+    in when that module is loaded.
+    """
+
+    module: str
+    target: str
+    part: str
+    impl: Callable[..., Any]
+    params: tuple[str, ...] = ()
+    lazy: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.target} ({self.part})"
+
+
+class HookDoesNotFit(Exception):
+    """A hook point is missing or has another shape in this torch."""
+
+
+def enabled(part: str) -> bool:
+    """Whether the flag is on for this thread (config overrides are per thread) and
+    ``part`` is not listed in STABLEGUARDS_DISABLE."""
+    import torch._dynamo.config as dynamo_config
+
+    return bool(getattr(dynamo_config, FLAG, False)) and part not in STATE.manager.disabled
+
+
+class _Original:
+    """torch's function, called at most as the hook decides, remembering what happened."""
+
+    __slots__ = ("fn", "done", "raised", "result")
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn, self.done, self.raised, self.result = fn, False, False, None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            self.result = self.fn(*args, **kwargs)
+        except BaseException:
+            self.raised = True
+            raise
+        self.done = True
+        return self.result
+
+
+def _wrap(hook: Hook, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def hooked(*args: Any, **kwargs: Any) -> Any:
+        if not enabled(hook.part):
+            return original(*args, **kwargs)
+        call = _Original(original)
+        try:
+            return hook.impl(call, *args, **kwargs)
+        except _PASS_THROUGH:
+            raise
+        except Exception as error:
+            if call.raised:
+                raise  # torch's own exception, unchanged
+            STATE.fell_back(hook.name, error)
+            return call.result if call.done else original(*args, **kwargs)
+
+    hooked.__stableguards_hook__ = hook  # type: ignore[attr-defined]
+    return hooked
+
+
+def _resolve(hook: Hook) -> tuple[Any, str]:
+    """The object that owns the hook point, and the attribute's name."""
+    try:
+        owner: Any = importlib.import_module(hook.module)
+    except ImportError as error:
+        raise HookDoesNotFit(f"{hook.module} cannot be imported ({error})") from None
+    *path, attr = hook.target.split(".")
+    for name in path:
+        owner = getattr(owner, name, None)
+        if owner is None:
+            raise HookDoesNotFit(f"{hook.module}.{hook.target}: {name} is missing")
+    if not callable(getattr(owner, attr, None)):
+        raise HookDoesNotFit(f"{hook.module}.{hook.target} is missing")
+    if hook.params:
+        try:
+            params = inspect.signature(getattr(owner, attr)).parameters
+        except (TypeError, ValueError):
+            params = {}
+        if missing := [p for p in hook.params if p not in params]:
+            raise HookDoesNotFit(f"{hook.module}.{hook.target} has no parameter {', '.join(missing)}")
+    return owner, attr
+
+
+@dataclass
+class _Seam:
+    """A patched attribute: torch's original and the hooks stacked on it, in install order."""
+
+    raw: Any  # as found on the owner (a staticmethod stays one)
+    hooks: list[Hook]
+
+
+def _compose(owner: Any, attr: str, seam: _Seam) -> None:
+    fn = seam.raw.__func__ if isinstance(seam.raw, staticmethod) else seam.raw
+    for hook in seam.hooks:
+        fn = _wrap(hook, fn)
+    setattr(owner, attr, staticmethod(fn) if isinstance(seam.raw, staticmethod) else fn)
+
+
+def apply(hooks: Iterable[Hook]) -> None:
+    """Install hooks of one part, all or none: if one does not fit, none stays."""
+    hooks = list(hooks)
+    resolved = [(_resolve(h), h) for h in hooks]  # raises HookDoesNotFit before any change
+    for (owner, attr), hook in resolved:
+        seam = STATE.seams.get((owner, attr))
+        if seam is None:
+            seam = STATE.seams[(owner, attr)] = _Seam(inspect.getattr_static(owner, attr), [])
+        if hook not in seam.hooks:
+            seam.hooks.append(hook)
+            _compose(owner, attr, seam)
+
+
+def remove(part: str) -> None:
+    """Take every hook of ``part`` out; seams with no hook left get torch's original back."""
+    for (owner, attr), seam in list(STATE.seams.items()):
+        kept = [h for h in seam.hooks if h.part != part]
+        if len(kept) == len(seam.hooks):
+            continue
+        seam.hooks = kept
+        if kept:
+            _compose(owner, attr, seam)
+        else:
+            setattr(owner, attr, seam.raw)
+            del STATE.seams[(owner, attr)]
+    STATE.installed.discard(part)
+
+
+def remove_all() -> None:
+    for (owner, attr), seam in STATE.seams.items():
+        setattr(owner, attr, seam.raw)
+    STATE.seams.clear()
+    STATE.installed.clear()
+
+
+def installed_hooks() -> list[Hook]:
+    """Every hook in place now, in install order per seam."""
+    return [hook for seam in STATE.seams.values() for hook in seam.hooks]
+
+
+def cache_subdir(name: str) -> Path:
+    """``<inductor cache dir>/stableguards/<name>``: where stableguards keeps its files."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return Path(cache_dir()) / "stableguards" / name
+
+
+def registered_name(obj: Any) -> str | None:
+    """The name ``obj`` is registered under as a Dynamo backend, by identity."""
+    from torch._dynamo.backends import registry
+
+    for name, fn in registry._COMPILER_FNS.items():
+        if fn is obj:
+            return name
+    return None

@@ -1,0 +1,94 @@
+"""Cudagraph static inputs: say which one moved when a graph is re-recorded, or refuse (strict).
+
+A CUDAGraphNode is one recording of a compiled function; a re-record makes a
+sibling node for the same function.  The addresses and names are kept by
+``stableguards.cudagraph_checks.StaticInputWatch`` (plain logic); here is
+where they are taken from torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+from stableguards.cudagraph_checks import copied_grads_message, input_names
+from stableguards.hooks.core import Hook
+from stableguards.hooks.state import STATE
+
+_TREES = "torch._inductor.cudagraph_trees"
+
+
+def _call_user_compiler(call: Any, self: Any, gm: Any, *args: Any, **kwargs: Any) -> Any:
+    """Keep the Dynamo sources of the graph's inputs: the graph cudagraphs records later
+    has only inductor's placeholder names."""
+    from torch._guards import CompileContext
+
+    graph_args = [n.meta.get("grapharg") for n in gm.graph.find_nodes(op="placeholder")]
+    STATE.note_input_sources(CompileContext.current_compile_id(),
+                             [a.source.name if a is not None and a.source is not None else "?"
+                              for a in graph_args])
+    return call(self, gm, *args, **kwargs)
+
+
+@functools.cache
+def _signature(fn: Any) -> inspect.Signature:
+    return inspect.signature(fn)
+
+
+def _record(call: Any, self: Any, *args: Any, **kwargs: Any) -> None:
+    """Record the static inputs' addresses of a new recording.
+
+    Taken from a copy of the inputs made before torch runs: the node's
+    ``__init__`` consumes its ``inputs`` list (``inputs.clear()``).
+    """
+    bound = _signature(call.fn).bind(self, *args, **kwargs).arguments
+    inputs = list(bound["inputs"])
+    call(self, *args, **kwargs)
+    function = bound["wrapped_function"]
+    names = input_names([p.name for p in function.placeholders],
+                        STATE.input_sources.get(bound.get("compile_id")))
+    STATE.static_inputs.record(function.id, inputs, self.tensor_static_input_idxs, names)
+
+
+def _check_invariants(call: Any, self: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+    """torch re-records silently when a static input moved: say which, or refuse (strict)."""
+    from torch._inductor.cudagraph_trees import CheckInvariantStatus
+
+    status, logger = call(self, inputs, *args, **kwargs)
+    if status == CheckInvariantStatus.StaticInputIdxMismatch:
+        report = STATE.static_inputs.check(self.wrapped_function.id, inputs,
+                                           strict=STATE.manager.strict_static_inputs)
+        if report is not None:
+            STATE.manager.note_static_inputs_moved(report.describe())
+    return status, logger
+
+
+def _warn_copied_grads(call: Any, self: Any, tx: Any) -> None:
+    """Say once per optimizer which grads cudagraphs will copy (upstream: only under perf_hints)."""
+    from torch._dynamo.variables.optimizer import _is_static_for_cudagraphs
+
+    call(self, tx)
+    copied = [source.name for grad, source in self.grad_to_source.items()
+              if not _is_static_for_cudagraphs(grad)]
+    if copied:
+        STATE.copied_grads_told.get(self.value, lambda: _warn(copied_grads_message(copied)))
+
+
+def _warn(message: str) -> bool:
+    import logging
+
+    logging.getLogger("stableguards").warning(message)
+    return True
+
+
+HOOKS = [
+    Hook("torch._dynamo.output_graph", "OutputGraph.call_user_compiler", "cudagraphs", _call_user_compiler,
+         params=("gm",)),
+    Hook("torch._dynamo.variables.optimizer", "OptimizerVariable.map_sources_and_install_guards",
+         "cudagraphs", _warn_copied_grads, params=("tx",)),
+    Hook(_TREES, "CUDAGraphNode.__init__", "cudagraphs", _record,
+         params=("wrapped_function", "inputs", "compile_id"), lazy=True),
+    Hook(_TREES, "CUDAGraphNode.check_invariants", "cudagraphs", _check_invariants,
+         params=("inputs",), lazy=True),
+]

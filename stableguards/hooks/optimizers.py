@@ -1,0 +1,258 @@
+"""Optimizer steps: fewer, cheaper guards, no O(N^2) write-back, entries that die with the optimizer.
+
+The reasoning (why a dict's version proves what its tensors' identities did,
+why a rebuilt optimizer is not served the old step) is in
+``stableguards.optimizer_guards``; here is where Dynamo is told.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from stableguards.hooks.core import Hook, registered_name
+from stableguards.hooks.state import STATE
+from stableguards.optimizer_guards import OptimizerLives
+
+_OPTIMIZER = "torch._dynamo.variables.optimizer"
+_CONVERT_FRAME = "torch._dynamo.convert_frame"
+
+# Dict version tags: PEP 509, deprecated in 3.12 and gone in 3.14, where torch
+# checks dicts otherwise.  Where the tags are not there, upstream's guards stay.
+DICT_VERSIONS_SOUND = sys.version_info < (3, 14)
+# Backends that run the traced ops as they are, so their code does not depend on
+# a grad's strides.
+_STRIDE_AGNOSTIC_BACKENDS = frozenset({"eager", "aot_eager"})
+
+
+@dataclass
+class _Trace:
+    """What one trace (one TracingContext) saw of optimizers."""
+
+    # Per optimizer step: (weak optimizer, [(source of opt.state[p], that dict)]).
+    steps: list[tuple[weakref.ref[Any], list[tuple[Any, dict]]]] = field(default_factory=list)
+    # Every optimizer the frame saw, by identity.
+    seen: dict[int, weakref.ref[Any]] = field(default_factory=dict)
+
+
+def _convert_frame(call: Any, self: Any, frame: Any, cache_entry: Any, *args: Any, **kwargs: Any) -> Any:
+    """Remember which compiler the frame is compiled for (grads' guards depend on it).
+
+    Also a safe point for releasing the entries of collected optimizers."""
+    STATE.release_pending()
+    token = STATE.compiler_name.set(_compiler_name(self))
+    try:
+        return call(self, frame, cache_entry, *args, **kwargs)
+    finally:
+        STATE.compiler_name.reset(token)
+
+
+def _compiler_name(convert: Any) -> str | None:
+    """The innermost ``compiler_name`` along the backend chain, else the registered name."""
+    obj, name = convert, None
+    for _ in range(16):  # the chain is short; a loop here would be a bug elsewhere
+        if isinstance(candidate := getattr(obj, "compiler_name", None), str):
+            name = candidate
+        following = getattr(obj, "_torchdynamo_orig_backend", None)
+        if following is None:
+            break
+        obj = following
+    return name or registered_name(obj)
+
+
+def _note_seen(call: Any, self: Any, value: Any, *args: Any, **kwargs: Any) -> None:
+    """Every frame that sees an optimizer, not only its step, is compiled for that object."""
+    from torch._guards import TracingContext
+
+    call(self, value, *args, **kwargs)
+    context = TracingContext.try_get()
+    if context is not None:
+        # By identity: a user's optimizer class may define __eq__ and __hash__.
+        STATE.optimizer_traces.get(context, _Trace).seen.setdefault(id(value), weakref.ref(value))
+
+
+def _map_sources_and_install_guards(call: Any, self: Any, tx: Any) -> None:
+    """Note each per-parameter state dict an optimizer step reads, with the source Dynamo gave it."""
+    call(self, tx)
+    if not DICT_VERSIONS_SOUND:
+        return
+    from torch._dynamo.source import AttrSource, ConstDictKeySource, DictGetItemSource
+
+    state = AttrSource(self.source, "state")
+    dicts = [(DictGetItemSource(state, ConstDictKeySource(state, i)), d)
+             for i, d in enumerate(self.value.state.values()) if type(d) is dict]
+    optimizer = weakref.ref(self.value)
+    STATE.optimizer_traces.get(tx.output.tracing_context, _Trace).steps.append((optimizer, dicts))
+    tx.output.add_graph_finalizer(_state_leaves_with(optimizer))
+
+
+def _state_leaves_with(optimizer: weakref.ref[Any]) -> Callable[[Any], None]:
+    """A graph finalizer: the graph drops the optimizer's state tensors when the optimizer dies.
+
+    The graph holds them as buffers.  Upstream's finalizer pops them by the
+    names of their sources, but Dynamo registers them under the names of other
+    sources for the same tensors (``...state___1___exp_avg`` for
+    ``...state[list(dict.keys(...))[1]]``), so a graph something else holds
+    keeps every state tensor alive.  Found by identity instead, they go.
+    """
+
+    def init(gm: Any) -> None:
+        opt = optimizer()
+        if opt is None:
+            return
+        owned = {id(t) for state in opt.state.values() for t in state.values()}
+        names = [n for n, t in gm._buffers.items() if id(t) in owned]
+        graph = weakref.ref(gm)
+
+        def drop() -> None:
+            if (g := graph()) is not None:
+                for name in names:
+                    g._buffers.pop(name, None)
+
+        weakref.finalize(opt, drop)
+
+    return init
+
+
+def _build_guards(call: Any, self: Any, code: Any, *args: Any, **kwargs: Any) -> Any:
+    """Optimizer guards before the frame's guards are built; tie the entry to its optimizers after."""
+    output = self.tracer_output.output_graph
+    # torch asserts the output graph exists; this hook must not fail before it does.
+    trace = STATE.optimizer_traces.peek(output.tracing_context) if output is not None else None
+    if trace is None:
+        return call(self, code, *args, **kwargs)
+    if trace.steps:
+        _guard_state_dicts_by_version(output, trace.steps)
+    check_fn = call(self, code, *args, **kwargs)
+    for optimizer in (ref() for ref in trace.seen.values()):
+        if optimizer is not None:
+            STATE.optimizer_lives.depend(optimizer, check_fn)  # type: ignore[union-attr]
+    return check_fn
+
+
+def _guard_state_dicts_by_version(output: Any, steps: list) -> None:
+    """Replace identity guards on state tensors by one DICT_VERSION per state dict.
+
+    A dict is covered only if this frame does not put a new object into it (its
+    first step, say): the compiled code would change its version right away,
+    and the next call would recompile for nothing.  Every new guard is made
+    before any is dropped, so a failure here leaves torch's guards whole.
+    """
+    from torch._dynamo.guards import GuardBuilder
+
+    side_effects = output.side_effects
+    covered = {}
+    for _, dicts in steps:
+        for source, d in dicts:
+            var = side_effects.id_to_variable.get(id(d))
+            if var is not None and side_effects.is_modified(var) and var.has_new_items():
+                continue
+            covered[source] = d
+    if not covered:
+        return
+    guards = output.guards
+    # The dict's own guards (type, length, keys) and its values' identities: a
+    # DICT_VERSION proves them all (stableguards/optimizer_guards.py says why).
+    dropped = [g for g in guards if g.originating_source in covered
+               or (g.create_fn_name() == "ID_MATCH"
+                   and getattr(g.originating_source, "base", None) in covered)]
+    versions = [source.make_guard(GuardBuilder.DICT_VERSION) for source in covered]
+    for guard in dropped:
+        guards.inner.discard(guard)
+        guards.source_to_guards[guard.originating_source].remove(guard)
+    for source, guard in zip(covered, versions, strict=True):
+        output.guard_on_key_order.discard(source)
+        guards.add(guard, collect_debug_stack=False)
+    STATE.manager.note_optimizer_guards(len(covered), len(dropped))
+
+
+def _is_from_optimizer_source(call: Any, source: Any) -> bool:
+    """Grads reached through an optimizer get TENSOR_MATCH, as other inputs do.
+
+    Upstream checks only that they are not None, so a grad whose strides changed
+    reaches code compiled for the old strides: inductor's asserts fail where
+    eager works.  Backends that do not specialize on strides keep the cheap
+    check; an unknown backend gets the full one.  (TENSOR_MATCH proves more
+    than NOT_NONE: nothing is given up.)
+    """
+    if STATE.compiler_name.get() in _STRIDE_AGNOSTIC_BACKENDS:
+        return call(source)
+    return False
+
+
+def _has_new_items(call: Any, self: Any) -> bool:
+    """A dict value read from the very slot it is written back to is not a new item.
+
+    SGD stores each momentum buffer back into ``opt.state[p]`` every step.
+    Upstream sees a new VariableTracker and writes the dict back after the graph,
+    locating ``opt.state[p]`` by position in a walk over ``opt.state``'s keys:
+    N walks per step, O(N^2).  Writing a slot's own value back is a no-op, so
+    nothing needs writing.
+    """
+    if not call(self) or self.should_reconstruct_all:
+        return call.result
+    return any(_is_new(self, key, value) for key, value in self.items.items())
+
+
+def _is_new(dict_var: Any, key: Any, value: Any) -> bool:
+    from torch._dynamo.source import ConstDictKeySource, DictGetItemSource
+
+    if not dict_var.is_new_item(dict_var.original_items.get(key.vt), value):
+        return False
+    source = value.source if value.is_realized() else None
+    if not isinstance(source, DictGetItemSource) or source.base != dict_var.source:
+        return True
+    index = source.index
+    if isinstance(index, ConstDictKeySource):
+        originals = tuple(dict_var.original_items)
+        if index.base != dict_var.source or index.index >= len(originals):
+            return True
+        slot = originals[index.index]
+        return not (slot.is_python_constant() and key.vt.is_python_constant()
+                    and slot.as_python_constant() == key.vt.as_python_constant())
+    return not (key.vt.is_python_constant() and key.vt.as_python_constant() == index)
+
+
+def _optimizer_died(description: str, check_fns: list[Any]) -> None:
+    """An optimizer was collected: release the cache entries compiled for it.
+
+    Through the CheckFunctionManager's own ``invalidate``, which also drops its
+    guard manager: torch keeps some CheckFunctionManagers alive for good (its
+    finalizer on ``type(G['holder'])``, an immortal ``dict``, say), and the
+    guard manager must not stay with them.
+    """
+    from torch._dynamo.guards import DeletedGuardManagerWrapper
+
+    def release() -> None:
+        live = [c for c in check_fns if not isinstance(c.guard_manager, DeletedGuardManagerWrapper)]
+        for check_fn in live:
+            check_fn.invalidate(obj_str=f"optimizer {description}")
+        STATE.manager.note_optimizer_released(description, len(live))
+
+    STATE.release_soon(release)
+
+
+def _compute_cache_size(call: Any, frame: Any, cache_entries: Any, *args: Any) -> Any:
+    """Invalidated entries (their optimizer was collected) can never run again, so they do
+    not count towards the recompile limit: rebuilding an optimizer must not use up the frame's room."""
+    return call(frame, [e for e in cache_entries if e.code is not None], *args)
+
+
+STATE.optimizer_lives = OptimizerLives(_optimizer_died)
+
+HOOKS = [
+    Hook(_CONVERT_FRAME, "ConvertFrameAssert.__call__", "optimizer", _convert_frame,
+         params=("frame", "cache_entry")),
+    Hook(_OPTIMIZER, "OptimizerVariable.__init__", "optimizer", _note_seen, params=("value",)),
+    Hook(_OPTIMIZER, "OptimizerVariable.map_sources_and_install_guards", "optimizer",
+         _map_sources_and_install_guards, params=("tx",)),
+    # builder imported is_from_optimizer_source by name: patch its copy.
+    Hook("torch._dynamo.variables.builder", "is_from_optimizer_source", "optimizer",
+         _is_from_optimizer_source, params=("source",)),
+    Hook("torch._dynamo.variables.dicts", "ConstDictVariable.has_new_items", "optimizer", _has_new_items),
+    Hook(_CONVERT_FRAME, "DynamoOutput.build_guards", "optimizer", _build_guards, params=("code",)),
+    Hook(_CONVERT_FRAME, "compute_cache_size", "optimizer", _compute_cache_size,
+         params=("frame", "cache_entries")),
+]

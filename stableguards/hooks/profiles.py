@@ -1,0 +1,232 @@
+"""Specialization-aware profiles: where Dynamo's automatic-dynamic state is read and written.
+
+The profile model, its merge and its stores are plain logic in
+``stableguards.pgo``; here torch's ``CodeState`` is converted to and from it,
+and the compile outcomes (which dimensions the compile specialized, and why)
+are recorded as each frame's guards are built.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from typing import Any
+
+from stableguards.hooks.core import Hook, cache_subdir
+from stableguards.hooks.state import STATE
+from stableguards.pgo.identity import closure_fingerprint, default_profile_key
+from stableguards.pgo.profile import DYNAMIC, UNSET, CodeKey, Dim, Dims, Profile, SourceEntry
+from stableguards.pgo.profile import State, specialized, static
+from stableguards.pgo.session import handed_on
+from stableguards.pgo.store import LocalStore, ProfileStore, RedisStore
+
+REDIS_ENV_VAR = "STABLEGUARDS_PGO_REDIS_URL"
+
+
+def _make(call: Any, code: Any, closure: Any = None) -> Any:
+    """torch's CodeId with a closure fingerprint that is the same in every process."""
+    if not closure:
+        return call(code, closure)
+    import torch._dynamo.pgo as pgo
+
+    return pgo.CodeId(code.co_filename, code.co_firstlineno, code.co_name,
+                      pgo._hash_containing_file(code.co_filename), closure_fingerprint(closure))
+
+
+def _get_code_state(call: Any) -> Any:
+    import torch._dynamo.pgo as pgo
+
+    if pgo._CODE_STATE is not None:
+        return call()
+    state = _load_code_state()
+    pgo._CODE_STATE = state
+    return state
+
+
+def _put_code_state(call: Any) -> None:
+    # No session: the profile was read by torch (flag off then, or our read
+    # failed), so torch writes it too.
+    if STATE.manager.profile is None:
+        return call()
+    _save_code_state()
+    return None
+
+
+def _build_guards(call: Any, self: Any, code: Any, *args: Any, **kwargs: Any) -> Any:
+    """After a frame's guards are built, record what its compile specialized."""
+    guards = call(self, code, *args, **kwargs)
+    if STATE.manager.profile is not None:
+        _record_outcomes(code, self.tracer_output)
+    return guards
+
+
+def _set_replacement(call: Any, shape_env: Any, a: Any, tgt: Any, msg: str) -> None:
+    """Keep why a symbol was replaced: the ShapeEnv only logs it."""
+    before = shape_env._replacements_version_counter
+    call(shape_env, a, tgt, msg)
+    if shape_env._replacements_version_counter != before:
+        STATE.manager.note_replacement(shape_env, str(a), msg)
+
+
+def profile_key() -> str | None:
+    """The key this process's profile is stored under, or None when caches are off.
+
+    TORCH_COMPILE_JOB_ID (torch.compiler.config.job_id) wins; without it the
+    key names the entry point (see stableguards.pgo.identity).  The rank and
+    torch.compiler.config.cache_key_tag are always part of it, as upstream.
+    """
+    import torch
+    import torch._inductor.config as inductor_config
+
+    if inductor_config.force_disable_caches:
+        return None
+    job_id = torch.compiler.config.job_id or default_profile_key()
+    tag = torch.compiler.config.cache_key_tag
+    return f"{job_id}:rank{_rank()}" + (f":{tag}" if tag else "")
+
+
+def profile_store() -> ProfileStore | None:
+    """Redis if STABLEGUARDS_PGO_REDIS_URL is set, else a directory in the inductor cache dir."""
+    url = os.environ.get(REDIS_ENV_VAR)
+    if url:
+        try:
+            return RedisStore(url)
+        except ImportError:
+            STATE.warn_once("redis", f"{REDIS_ENV_VAR} is set but the redis package is not installed "
+                                "(pip install 'stableguards[redis]'); compiling without a profile")
+            return None
+    return LocalStore(cache_subdir("pgo"))
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
+def _load_code_state() -> Any:
+    import torch._dynamo.pgo as pgo
+
+    state: Any = defaultdict(pgo.CodeState)
+    key, store = profile_key(), profile_store()
+    if key is None or store is None:
+        STATE.manager.profile = None
+        return state
+    profile = STATE.manager.open_profile(store, key)
+    stale = 0
+    for code, sources in profile.frames.items():
+        if code.filename and pgo._hash_containing_file(code.filename) != code.file_hash:
+            stale += 1  # edited or gone: it can never match, but it is kept for the store
+        code_state = state[pgo.CodeId(code.filename, code.firstlineno, code.name,
+                                      code.file_hash, code.closure)]
+        for name, entry in sources.items():
+            code_state.automatic_dynamic[name] = _to_frame_state(entry)
+    if stale:
+        STATE.warn_once("stale", f"the PGO profile {store.describe(key)} names {stale} frame(s) whose "
+                            "source file changed or is gone; they are ignored (and kept; "
+                            "`python -m stableguards pgo clear` removes the profile)")
+    return state
+
+
+def _save_code_state() -> None:
+    import torch._dynamo.pgo as pgo
+
+    if pgo._CODE_STATE is None:
+        return
+    observed = Profile({
+        _code_key(code_id): {name: _from_frame_state(e) for name, e in cs.automatic_dynamic.items()}
+        for code_id, cs in pgo._CODE_STATE.items()
+    })
+    STATE.manager.save_profile(observed)
+
+
+def _record_outcomes(code: Any, tracer_output: Any) -> None:
+    import torch
+    import torch._dynamo.pgo as pgo
+
+    output_graph = tracer_output.output_graph
+    if output_graph is None or STATE.manager.profile is None:
+        return
+    shape_env = output_graph.shape_env
+    code_key = _code_key(pgo.CodeId.make(code, tracer_output.closure))
+
+    def outcome(sym: Any) -> Dim:
+        expr = sym.node._expr  # the symbol as created; .expr has replacements applied
+        if not shape_env.replace(expr).is_number:
+            return DYNAMIC
+        return specialized(*STATE.manager.replacement_reasons(shape_env, str(expr)))
+
+    for tracked in output_graph.tracked_fakes or ():
+        name, fake = tracked.source.name, tracked.fake
+        if isinstance(fake, torch.Tensor):
+            for i, size in enumerate(fake.size()):
+                if isinstance(size, torch.SymInt):
+                    STATE.manager.profile.record_outcome(code_key, name, ("size", i), outcome(size))
+        elif isinstance(fake, (torch.SymInt, torch.SymFloat)):
+            STATE.manager.profile.record_outcome(code_key, name, ("scalar",), outcome(fake))
+
+
+def _code_key(code_id: Any) -> CodeKey:
+    closure = code_id.closure_hash
+    return CodeKey(code_id.file_hash, code_id.firstlineno, code_id.name,
+                   None if closure is None else str(closure), code_id.filename)
+
+
+def _from_frame_state(entry: Any) -> SourceEntry:
+    return SourceEntry(_from_atom(entry.scalar), _from_dims(entry.size), _from_dims(entry.stride))
+
+
+def _from_dims(dims: Any) -> Dims:
+    return tuple(_from_atom(d) for d in dims) if isinstance(dims, tuple) else _from_atom(dims)
+
+
+def _from_atom(atom: Any) -> Dim:
+    import torch._dynamo.pgo as pgo
+
+    if atom is pgo.auto_dynamic:
+        return DYNAMIC
+    if atom is pgo.auto_unset:
+        return UNSET
+    if isinstance(atom, pgo.InferStride):
+        return static(f"S({atom.dim})")
+    return static(atom)
+
+
+def _to_frame_state(entry: SourceEntry) -> Any:
+    import torch._dynamo.pgo as pgo
+
+    return pgo.FrameStateSizeEntry(
+        scalar=_to_atom(entry.scalar), size=_to_dims(entry.size), stride=_to_dims(entry.stride)
+    )
+
+
+def _to_dims(dims: Dims) -> Any:
+    return tuple(_to_atom(d) for d in dims) if isinstance(dims, tuple) else _to_atom(dims)
+
+
+def _to_atom(dim: Dim) -> Any:
+    import torch._dynamo.pgo as pgo
+
+    dim = handed_on(dim)
+    if dim.state == State.DYNAMIC:
+        return pgo.auto_dynamic
+    if dim.state == State.UNSET:
+        return pgo.auto_unset
+    if isinstance(dim.value, str):  # S(d): an inferred stride
+        return pgo.InferStride(int(dim.value[2:-1]))
+    return dim.value
+
+
+HOOKS = [
+    # Upstream identifies closures with hash(), which changes between processes.
+    Hook("torch._dynamo.pgo", "CodeId.make", "pgo", _make, params=("code", "closure")),
+    Hook("torch._dynamo.pgo", "get_code_state", "pgo", _get_code_state),
+    # convert_frame imported put_code_state by name: its copy is the one called.
+    Hook("torch._dynamo.convert_frame", "put_code_state", "pgo", _put_code_state),
+    Hook("torch._dynamo.convert_frame", "DynamoOutput.build_guards", "pgo", _build_guards,
+         params=("code",)),
+    Hook("torch.fx.experimental.symbolic_shapes", "ShapeEnv._set_replacement", "pgo", _set_replacement,
+         params=("a", "tgt", "msg")),
+]

@@ -1,0 +1,130 @@
+"""The one home for stableguards' process state.
+
+Everything the hooks remember between calls lives on ``STATE``: the manager
+(counters, explanations, the profile session), the installed seams, warnings
+already given, releases waiting for a safe moment, and each feature's tables.
+Tests call ``STATE.reset()`` to start clean.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextvars
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from stableguards.backend_match import BackendKey, Fingerprinter, IdentityTable
+from stableguards.cudagraph_checks import StaticInputWatch
+from stableguards.manager import GuardManager
+from stableguards.optimizer_guards import OptimizerLives
+
+log = logging.getLogger("stableguards")
+
+# Warning keys remembered at most: a long job must not grow memory by warning.
+_MAX_WARNED = 1024
+# Dynamo sources of the graph inputs of this many recent compiles (cudagraph names).
+_MAX_COMPILES_NAMED = 256
+
+
+class ProcessState:
+    """What stableguards keeps for this process."""
+
+    def __init__(self) -> None:
+        self.manager = GuardManager(disabled=os.environ.get("STABLEGUARDS_DISABLE", ""))
+        # (owner, attribute) -> the seam there (torch's original, the hooks on it).
+        self.seams: dict[tuple[Any, str], Any] = {}
+        self.installed: set[str] = set()
+        self._warned: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._pending: list[Callable[[], None]] = []
+        # backends: the key of the backend the current frame compiles for.
+        self.current_key: contextvars.ContextVar[BackendKey | None] = contextvars.ContextVar(
+            "stableguards_backend_key", default=None)
+        self.fingerprinter: Fingerprinter | None = None  # set by hooks.backends
+        # optimizers: the name of the compiler the current frame compiles for.
+        self.compiler_name: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+            "stableguards_compiler_name", default=None)
+        self.optimizer_lives: OptimizerLives | None = None  # set by hooks.optimizers
+        # What each trace (by its TracingContext) saw of optimizers: hooks.optimizers._Trace.
+        self.optimizer_traces: IdentityTable[Any] = IdentityTable()
+        # cudagraphs
+        self.copied_grads_told: IdentityTable[bool] = IdentityTable()  # optimizers warned about
+        self.static_inputs = StaticInputWatch()
+        self.input_sources: collections.OrderedDict[Any, list[str]] = collections.OrderedDict()
+
+    def reset(self) -> None:
+        """Forget counters, events, warnings and recorded graphs (for tests).
+
+        Tables that track live objects (backend identities, optimizers) stay:
+        their finalizers still refer to them.
+        """
+        self.manager.reset()
+        self._warned.clear()
+        self.static_inputs = StaticInputWatch()
+        self.input_sources.clear()
+
+    # --- warnings and fallbacks ----------------------------------------------------
+
+    def warn_once(self, key: str, message: str) -> None:
+        if key in self._warned:
+            return
+        self._warned[key] = None
+        while len(self._warned) > _MAX_WARNED:
+            self._warned.popitem(last=False)
+        log.warning(message)
+
+    def warned(self, key: str) -> bool:
+        return key in self._warned
+
+    def fell_back(self, hook: str, error: BaseException) -> None:
+        self.manager.record_fallback(hook, error)
+        self.warn_once(hook, f"stableguards hook {hook!r} failed ({error!r}); using torch's own behaviour")
+
+    # --- cudagraph input names -------------------------------------------------------
+
+    def note_input_sources(self, compile_id: Any, sources: list[str]) -> None:
+        self.input_sources[compile_id] = sources
+        while len(self.input_sources) > _MAX_COMPILES_NAMED:
+            self.input_sources.popitem(last=False)
+
+    # --- releasing dead cache entries ---------------------------------------------
+
+    def release_soon(self, release: Callable[[], None]) -> None:
+        """Run ``release`` now if no thread is compiling, else at the next safe point.
+
+        Releases run from finalizers, which can fire inside torch's own cache
+        work (``torch._dynamo.reset()`` dropping the last reference, say), or on
+        one thread while another compiles; walking the cache entries there
+        would touch freed memory or entries being built.  Dynamo holds
+        ``compile_lock`` during compiles and resets.
+        """
+        self._pending.append(release)
+        self.release_pending()
+
+    def release_pending(self) -> None:
+        """Run waiting releases, holding ``compile_lock`` so no compile starts meanwhile."""
+        if not self._pending:
+            return
+        import torch._dynamo.convert_frame as convert_frame
+
+        lock = convert_frame.compile_lock
+        # An RLock: acquire() would succeed for the thread that already holds it.
+        if lock._is_owned() or not lock.acquire(blocking=False):
+            return  # this thread or another is compiling
+        try:
+            while self._pending:
+                release = self._pending.pop()
+                try:
+                    release()
+                except Exception as error:  # noqa: BLE001 - may run from a finalizer: never raise
+                    self.fell_back("cache entry release", error)
+        finally:
+            lock.release()
+
+    @property
+    def pending_releases(self) -> int:
+        return len(self._pending)
+
+
+STATE = ProcessState()

@@ -1,0 +1,138 @@
+"""Fail open by construction: an exception injected into any installed hook leaves the
+compile working, equal to eager, with one warning naming the hook."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import logging
+import threading
+import weakref
+
+import pytest
+import torch
+import torch._C._dynamo.eval_frame as c_eval_frame
+import torch._dynamo
+
+import stableguards  # noqa: F401 - registers the flag and installs the hooks
+from stableguards.hooks import STATE, hook_tables
+from stableguards.hooks.core import installed_hooks
+
+ALL_HOOKS = [h for hooks in hook_tables().values() for h in hooks]
+
+
+def train_steps(backend: str) -> None:
+    """A train step whose optimizer step is compiled after a graph break, over three batch
+    sizes (a recompile, dynamic shapes), checked against an eager twin after each step."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    twin = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    twin_opt = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
+
+    @torch.compile(backend=backend)
+    def step(x, w):
+        loss = (model(x) * w).square().sum()  # w's size unified with x's: a symbol replaced
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    for n in (3, 5, 7):
+        x, w = torch.randn(n, 4), torch.randn(n, 2)
+        loss = step(x, w)
+        expected = (twin(x) * w).square().sum()
+        expected.backward()
+        twin_opt.step()
+        twin_opt.zero_grad()
+        torch.testing.assert_close(loss, expected)
+        for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+            torch.testing.assert_close(p, q)
+
+
+def inductor_call() -> None:
+    x = torch.randn(8)
+    torch.testing.assert_close(torch.compile(lambda t: t.sin() + 1, backend="inductor")(x), x.sin() + 1)
+
+
+def workload_for(hook) -> None:
+    if hook.module.startswith("torch._inductor"):
+        inductor_call()
+    else:
+        train_steps("eager")
+
+
+@pytest.mark.parametrize("hook", ALL_HOOKS, ids=lambda h: h.name)
+def test_an_exception_in_any_hook_falls_back_to_torch(hook, monkeypatch, caplog, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    if hook.lazy and hook not in installed_hooks():
+        inductor_call()  # loads inductor, and with it the lazy hook points
+    if hook not in installed_hooks():
+        pytest.skip(f"{hook.name} is not installed in this torch")
+    calls = []
+
+    def injected(call, *args, **kwargs):
+        calls.append(1)
+        raise RuntimeError(f"injected into {hook.name}")
+
+    monkeypatch.setattr(hook, "impl", injected)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(stable_guards=True), caplog.at_level(logging.WARNING, "stableguards"):
+        workload_for(hook)
+    torch._dynamo.reset()
+    warnings = [r for r in caplog.records if "injected" in r.getMessage()]
+    if not calls:
+        # Only cudagraph recordings are never reached on a machine without CUDA.
+        assert hook.module == "torch._inductor.cudagraph_trees", f"{hook.name} was never called"
+        return
+    assert len(warnings) == 1 and hook.name in warnings[0].getMessage()
+    assert STATE.manager.counters["fallbacks"] == len(calls)
+
+
+def test_every_hook_point_is_declared_in_a_table():
+    installed = installed_hooks()
+    assert installed and all(h in ALL_HOOKS for h in installed)
+    assert {h.part for h in ALL_HOOKS} == set(hook_tables())
+
+
+def test_releases_wait_while_another_thread_compiles(fresh_dynamo):
+    """A backend collected on one thread while another holds Dynamo's compile lock: its
+    entries are released only once no thread is compiling."""
+    import torch._dynamo.convert_frame as convert_frame
+
+    def f(x):
+        return x * 3
+
+    class Backend:
+        def __call__(self, gm, example_inputs):
+            return gm.forward
+
+    backend = Backend()
+    backend_ref = weakref.ref(backend)
+    with torch._dynamo.config.patch(stable_guards=True):
+        torch.compile(f, backend=backend)(torch.ones(2))
+    live = lambda: [e for e in c_eval_frame._debug_get_cache_entry_list(f.__code__) if e.code is not None]  # noqa: E731
+    assert len(live()) == 1
+
+    holding, done = threading.Event(), threading.Event()
+
+    def compiling():
+        with convert_frame.compile_lock:
+            holding.set()
+            done.wait(timeout=30)
+
+    other = threading.Thread(target=compiling)
+    other.start()
+    holding.wait(timeout=30)
+    try:
+        del backend
+        gc.collect()
+        assert backend_ref() is None
+        assert STATE.pending_releases == 1 and len(live()) == 1  # the other thread is compiling
+        STATE.release_pending()
+        assert len(live()) == 1
+    finally:
+        done.set()
+        other.join()
+    STATE.release_pending()
+    assert STATE.pending_releases == 0 and live() == []

@@ -12,8 +12,8 @@ the logic runs (and is tested) without a GPU.
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Callable, Hashable, Iterable, MutableMapping, Sequence
+import collections
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -86,22 +86,31 @@ class _Recording:
 class StaticInputWatch:
     """Recorded static-input addresses per graph, compared on later calls.
 
-    Graphs are held weakly when they allow it (a real ``CUDAGraphNode`` does),
-    so a freed graph takes its entry with it; other hashables are held until
-    ``forget``.
+    Graphs are keyed by torch's function id (an int, never reused in a
+    process).  The table is bounded: it keeps the ``capacity`` graphs recorded
+    or checked most recently, so a job that compiles without end does not grow
+    it; a graph evicted and recorded again starts its re-record count anew.
     """
 
-    def __init__(self, address_of: Callable[[Any], int] = data_ptr) -> None:
+    def __init__(self, address_of: Callable[[Any], int] = data_ptr, capacity: int = 1024) -> None:
         self._address_of = address_of
-        self._weak: weakref.WeakKeyDictionary[Any, _Recording] = weakref.WeakKeyDictionary()
-        self._strong: dict[Hashable, _Recording] = {}
+        self._capacity = capacity
+        self._recordings: collections.OrderedDict[Hashable, _Recording] = collections.OrderedDict()
 
-    def _table(self, graph: Hashable) -> MutableMapping[Any, _Recording]:
-        try:
-            weakref.ref(graph)
-        except TypeError:
-            return self._strong
-        return self._weak
+    def _get(self, graph: Hashable) -> _Recording | None:
+        recording = self._recordings.get(graph)
+        if recording is not None:
+            self._recordings.move_to_end(graph)
+        return recording
+
+    def _put(self, graph: Hashable, recording: _Recording) -> None:
+        self._recordings[graph] = recording
+        self._recordings.move_to_end(graph)
+        while len(self._recordings) > self._capacity:
+            self._recordings.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._recordings)
 
     def record(
         self,
@@ -119,9 +128,8 @@ class StaticInputWatch:
             (i, names[i] if i < len(names) else f"input {i}", self._address_of(inputs[i]))
             for i in static_indices
         )
-        table = self._table(graph)
-        previous = table.get(graph)
-        table[graph] = _Recording(statics, previous.rerecords if previous else 0)
+        previous = self._get(graph)
+        self._put(graph, _Recording(statics, previous.rerecords if previous else 0))
 
     def check(self, graph: Hashable, inputs: Sequence[Any], *, strict: bool = False) -> MoveReport | None:
         """The static inputs of ``graph`` that moved, or None if none did or it was never recorded.
@@ -130,8 +138,7 @@ class StaticInputWatch:
         ones, since the graph is re-recorded with them.  With ``strict`` it raises
         ``StaticInputMoved`` instead and changes nothing: there is no re-record.
         """
-        table = self._table(graph)
-        recording = table.get(graph)
+        recording = self._get(graph)
         if recording is None:
             return None
         now = tuple((i, name, self._address_of(inputs[i])) for i, name, _ in recording.statics)
@@ -145,12 +152,12 @@ class StaticInputWatch:
         if strict:
             raise StaticInputMoved(MoveReport(graph, moved, recording.rerecords))
         updated = replace(recording, statics=now, rerecords=recording.rerecords + 1)
-        table[graph] = updated
+        self._put(graph, updated)
         return MoveReport(graph, moved, updated.rerecords)
 
     def forget(self, graph: Hashable) -> None:
         """Drop what was recorded for ``graph``, re-record count included."""
-        self._table(graph).pop(graph, None)
+        self._recordings.pop(graph, None)
 
 
 def input_names(placeholders: Sequence[str], sources: Sequence[str] | None) -> list[str]:

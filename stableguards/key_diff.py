@@ -11,6 +11,7 @@ The idea is JAX's cache-key logging, applied after the fact.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
@@ -24,7 +25,7 @@ from stableguards.pgo.store import atomic_write
 _LINE = re.compile(r"\[(?P<hash>[^\]]+)\] (?P<name>[^:]+): (?P<value>.*)", re.DOTALL)
 # Enough of a value to show what differs; the graph's code can be long.
 _MAX_VALUE = 4000
-# How many recorded keys a miss is compared with (the most recent ones).
+# How many keys the ledger keeps (least recently used evicted), so the most a miss reads.
 _MAX_CANDIDATES = 500
 
 
@@ -100,17 +101,33 @@ def _clip(text: str, limit: int = 120) -> str:
 
 
 class KeyLedger:
-    """One small JSON file per recorded key, in a directory beside the cache."""
+    """One small JSON file per recorded key, in a directory beside the cache.
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    Bounded: at most ``capacity`` records, least recently used evicted first
+    (recording a key again counts as a use), so a miss reads at most that many.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], capacity: int = _MAX_CANDIDATES) -> None:
         self.directory = Path(directory)
+        self.capacity = capacity
 
     def record(self, record: KeyRecord) -> None:
         path = self.directory / f"{record.key}.json"
         if path.exists():
+            with contextlib.suppress(OSError):
+                os.utime(path)  # used again: the last to be evicted
             return
         self.directory.mkdir(parents=True, exist_ok=True)
         atomic_write(path, json.dumps({"key": record.key, "components": record.components}).encode())
+        self._evict()
+
+    def _evict(self) -> None:
+        paths = list(self.directory.glob("*.json"))
+        if len(paths) <= self.capacity:
+            return
+        for path in sorted(paths, key=_mtime)[: len(paths) - self.capacity]:
+            with contextlib.suppress(OSError):  # another process may have evicted it first
+                path.unlink()
 
     def recent(self, limit: int = _MAX_CANDIDATES) -> list[KeyRecord]:
         """The most recently recorded keys; unreadable files are skipped (this only explains)."""

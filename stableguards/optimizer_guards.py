@@ -103,7 +103,7 @@ def static_grads(optimizer: torch.optim.Optimizer) -> None:
             mark_static_address(param.grad)
             setattr(param.grad, _STATIC_GRAD, True)
     if not getattr(optimizer.zero_grad, "_stableguards_static", False):
-        optimizer.zero_grad = _zero_grad_in_place(optimizer)  # type: ignore[method-assign]
+        optimizer.zero_grad = _ZeroGradKeepingStatic(optimizer)  # type: ignore[method-assign]
 
 
 def has_static_grad(param: torch.Tensor) -> bool:
@@ -111,23 +111,36 @@ def has_static_grad(param: torch.Tensor) -> bool:
     return param.grad is not None and getattr(param.grad, _STATIC_GRAD, False)
 
 
-def _zero_grad_in_place(optimizer: torch.optim.Optimizer) -> Callable[..., None]:
-    # The optimizer holds this function: a weak reference back keeps that from
-    # being a cycle, so the optimizer still dies as soon as its last user lets go.
-    zero_grad, ref = type(optimizer).zero_grad, weakref.ref(optimizer)
+class _ZeroGradKeepingStatic:
+    """``optimizer.zero_grad`` after ``static_grads``: static grads are zeroed in place.
 
-    def zero_grad_keeping_static(set_to_none: bool = True) -> None:
-        opt = ref()
+    An object rather than a closure, so that the optimizer still copies and
+    saves: ``copy.deepcopy(opt)`` gets one bound to the copy, and
+    ``torch.save(opt)`` pickles it with the optimizer.  It refers back weakly,
+    so the optimizer still dies as soon as its last user lets go.
+    """
+
+    _stableguards_static = True
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self._optimizer = weakref.ref(optimizer)
+
+    def __call__(self, set_to_none: bool = True) -> None:
+        opt = self._optimizer()
         if opt is None:
             return
-        zero_grad(opt, set_to_none=False)
+        type(opt).zero_grad(opt, set_to_none=False)
         if set_to_none:
             for param in _params(opt):
                 if param.grad is not None and not has_static_grad(param):
                     param.grad = None
 
-    zero_grad_keeping_static._stableguards_static = True  # type: ignore[attr-defined]
-    return zero_grad_keeping_static
+    def __deepcopy__(self, memo: dict) -> _ZeroGradKeepingStatic:
+        opt = self._optimizer()
+        return _ZeroGradKeepingStatic(memo.get(id(opt), opt))  # the copy's, when copied with it
+
+    def __reduce__(self) -> tuple:
+        return _ZeroGradKeepingStatic, (self._optimizer(),)
 
 
 def _params(optimizer: torch.optim.Optimizer) -> Iterable[torch.Tensor]:

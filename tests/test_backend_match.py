@@ -269,9 +269,18 @@ def test_a_backend_that_dies_inside_reset_does_not_crash():
 
 @pytest.mark.parametrize("backend, registered", [("eager", True), ("aot_eager", True), (Scaled(2), False)])
 def test_dynamo_still_sees_whether_the_backend_is_registered(flag_on, backend, registered):
-    """Dynamo clears compile-time weakrefs after compiling for registered backends only."""
-    from torch._dynamo.backends.registry import _is_registered_backend
+    """Dynamo clears compile-time weakrefs after compiling for registered backends only;
+    it asks its own copy of _is_registered_backend about the end of the backend chain."""
+    import torch._dynamo.convert_frame as convert_frame
 
     torch.compile(double, backend=backend)(torch.ones(2))
     [entry] = live_entries(double)
-    assert _is_registered_backend(entry.backend) is registered
+    assert convert_frame._is_registered_backend(entry.backend) is registered
+
+
+def test_swap_tensors_after_a_compile_works_as_with_the_flag_off(flag_on):
+    """Compile-context weakrefs are cleared for registered backends, so a parameter can be swapped."""
+    model = torch.nn.Linear(2, 2)
+    torch.compile(model, backend="eager")(torch.ones(2))
+    torch.utils.swap_tensors(model.weight, torch.nn.Parameter(torch.zeros(2, 2)))
+    assert torch.equal(model.weight, torch.zeros(2, 2))

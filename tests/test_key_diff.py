@@ -65,3 +65,17 @@ def test_a_difference_deep_in_a_long_value_is_shown():
     old = KeyRecord.from_debug_lines("o", [f"[2] example_inputs[1]: {prefix} shape=[s68])"])
     [line] = differences(new, old)
     assert "s68" in line and "s69" in line and line.count("...") == 2
+
+
+def test_the_ledger_is_bounded_and_evicts_the_least_recently_used(tmp_path):
+    import os
+    import time
+
+    ledger = KeyLedger(tmp_path, capacity=3)
+    for age, key in ((30, "a"), (20, "b"), (10, "c")):
+        ledger.record(KeyRecord(key, {"c": ("h", key)}))
+        past = time.time() - age
+        os.utime(tmp_path / f"{key}.json", (past, past))
+    ledger.record(KeyRecord("a", {}))  # used again: now the most recent
+    ledger.record(KeyRecord("d", {}))  # one too many: the least recently used goes
+    assert sorted(r.key for r in ledger.recent()) == ["a", "c", "d"]

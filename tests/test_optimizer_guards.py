@@ -71,6 +71,35 @@ def test_static_grads_keeps_addresses_through_zero_grad():
         gc.enable()
 
 
+class SGDKeepingItsDict(torch.optim.SGD):
+    """An optimizer whose copies and pickles carry every instance attribute."""
+
+    def __getstate__(self):
+        return dict(self.__dict__)
+
+
+@pytest.mark.parametrize("cls", [torch.optim.SGD, SGDKeepingItsDict])
+def test_static_grads_survive_deepcopy_and_torch_save(cls):
+    import copy
+    import io
+
+    a = torch.nn.Parameter(torch.ones(3))
+    opt = cls([a], lr=0.1)
+    a.grad = torch.full((3,), 2.0)
+    static_grads(opt)
+    twin = copy.deepcopy(opt)
+    twin.zero_grad()
+    assert a.grad.eq(2).all()  # the original's grads are the original's business
+    buffer = io.BytesIO()
+    torch.save(opt, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    loaded.zero_grad()
+    assert a.grad.eq(2).all()
+    if cls is SGDKeepingItsDict:  # the in-place zero_grad came along, bound to its new owner
+        assert twin.zero_grad._optimizer() is twin and loaded.zero_grad._optimizer() is loaded
+
+
 # --- under Dynamo ------------------------------------------------------------------
 
 

@@ -590,7 +590,7 @@ UPSTREAM_PGO_BUG = (
 )
 
 
-@pytest.mark.xfail(strict=False, raises=AssertionError, reason=UPSTREAM_PGO_BUG)
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=UPSTREAM_PGO_BUG)
 def test_a_profile_with_dynamic_weight_decay_under_aot_eager(twins):
     """Found by the state machine when profiles leaked from one example into the next."""
     from stableguards.hooks import profiles as integration

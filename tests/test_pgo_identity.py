@@ -60,3 +60,30 @@ def test_default_key_of_a_module_names_the_module(monkeypatch):
 def test_default_key_of_an_interactive_session(monkeypatch):
     _main_with(monkeypatch, ["-c"])
     assert default_profile_key().startswith("interactive-")
+
+
+def test_default_key_of_a_module_or_session_separates_projects(monkeypatch, tmp_path):
+    keys = set()
+    for project in ("alpha", "beta"):
+        root = tmp_path / project
+        (root / "src" / "deep").mkdir(parents=True)
+        (root / "pyproject.toml").write_text("")
+        for cwd in (root, root / "src" / "deep"):  # anywhere inside the project: one key
+            monkeypatch.chdir(cwd)
+            _main_with(monkeypatch, ["/site/pytest/__main__.py"], spec_name="pytest")
+            module_key = default_profile_key()
+            _main_with(monkeypatch, ["-c"])
+            keys.add((project, module_key, default_profile_key()))
+    assert len(keys) == 2  # one (module, interactive) pair per project
+    (alpha_module, alpha_session), (beta_module, beta_session) = [k[1:] for k in sorted(keys)]
+    assert alpha_module != beta_module and alpha_session != beta_session
+    assert alpha_module.startswith("pytest-") and alpha_session.startswith("interactive-")
+
+
+def test_project_root_is_the_nearest_directory_with_a_marker(tmp_path):
+    from stableguards.pgo.identity import project_root
+
+    start = tmp_path / "repo" / "a" / "b"
+    start.mkdir(parents=True)
+    (tmp_path / "repo" / ".git").mkdir()
+    assert project_root(str(start)) == str(tmp_path / "repo")

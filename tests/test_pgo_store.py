@@ -228,3 +228,11 @@ def test_redis_that_never_answers_times_out(caplog):
         for conn in accepted:
             conn.close()
         listener.close()
+
+
+def test_redis_urls_are_shown_without_credentials():
+    from stableguards.pgo.store import redacted
+
+    assert redacted("redis://user:s3cret@cache.internal:6380/2") == "redis://***@cache.internal:6380/2"
+    assert redacted("rediss://:s3cret@[::1]/0") == "rediss://***@[::1]/0"
+    assert redacted("redis://cache.internal:6379/0") == "redis://cache.internal:6379/0"

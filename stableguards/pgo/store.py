@@ -19,6 +19,7 @@ import logging
 import os
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -215,6 +216,16 @@ class _Locked:
             self.lock.release()
 
 
+def redacted(url: str) -> str:
+    """``url`` with any user name and password replaced by ``***``: fit for logs and explain()."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = "***@" + (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
 class RedisStore(_WarnOnce):
     """Profiles as JSON strings under ``stableguards:pgo:<key>``, merged with WATCH/MULTI."""
 
@@ -225,7 +236,7 @@ class RedisStore(_WarnOnce):
         super().__init__()
         import redis  # optional dependency: pip install 'stableguards[redis]'
 
-        self.url = url
+        self.url = redacted(url)  # what is shown: never the credentials
         self._redis = redis
         self._client = redis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s

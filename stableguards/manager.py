@@ -113,11 +113,14 @@ class GuardManager:
                                    allocation.probes))
         return allocation.id
 
-    def open_profile(self, store: ProfileStore, key: str) -> Profile:
+    def open_profile(self, store: ProfileStore, key: str, extra_read: str | None = None,
+                     extra_write: str | None = None) -> Profile:
         """Start this process's profile session and load what the store holds."""
-        self.profile = ProfileSession(store, key, self.counters)
+        self.profile = ProfileSession(store, key, self.counters, extra_read, extra_write)
         loaded = self.profile.load()
         where = store.describe(key)
+        if loaded.frames and extra_read is not None and not self.profile.known.frames:
+            where = f"{where} (none there; read the extra key {store.describe(extra_read)})"
         if not loaded.frames:
             self._record(Note(f"profile {where}: none yet, compiling cold"))
             return loaded
@@ -126,14 +129,17 @@ class GuardManager:
         self._note_specialized(specialized_sources(loaded), "starts static (was specialized)")
         return loaded
 
-    def save_profile(self, observed: Profile) -> None:
-        """Merge what Dynamo observed, resolved by the compile outcomes, into the store."""
+    def save_profile(self, observed: Profile) -> bool:
+        """Merge what Dynamo observed, resolved by the compile outcomes, into the store;
+        whether anything was written."""
         if self.profile is None:
-            return
+            return False
         before = specialized_sources(self.profile.known)
-        if self.profile.save(observed):
-            self._note_specialized(specialized_sources(self.profile.known) - before,
-                                   "recorded as specialized, not dynamic")
+        if not self.profile.save(observed):
+            return False
+        self._note_specialized(specialized_sources(self.profile.known) - before,
+                               "recorded as specialized, not dynamic")
+        return True
 
     def note_replacement(self, scope: object, symbol: str, reason: str) -> None:
         self._reasons.setdefault(scope, {}).setdefault(symbol, set()).add(reason)

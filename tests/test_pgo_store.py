@@ -236,3 +236,18 @@ def test_redis_urls_are_shown_without_credentials():
     assert redacted("redis://user:s3cret@cache.internal:6380/2") == "redis://***@cache.internal:6380/2"
     assert redacted("rediss://:s3cret@[::1]/0") == "rediss://***@[::1]/0"
     assert redacted("redis://cache.internal:6379/0") == "redis://cache.internal:6379/0"
+
+
+def test_tiers_read_the_first_that_has_a_profile_and_write_to_all(tmp_path):
+    from stableguards.pgo.store import TieredStore
+
+    local, remote = LocalStore(tmp_path / "local"), LocalStore(tmp_path / "remote")
+    tiers = TieredStore([local, remote])
+    assert tiers.read("job") is None
+    remote.merge_write("job", profile_of("L['y']"))
+    assert tiers.read("job") == profile_of("L['y']")  # local has none: the remote one
+    merged = tiers.merge_write("job", profile_of("L['x']"))
+    assert local.read("job") == profile_of("L['x']")
+    assert remote.read("job") == profile_of("L['x']") | profile_of("L['y']") == merged
+    assert tiers.read("job") == profile_of("L['x']")  # local first, as torch
+    assert tiers.keys() == ["job"] and tiers.clear("job") and tiers.read("job") is None

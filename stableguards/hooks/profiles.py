@@ -16,9 +16,9 @@ from stableguards.hooks.core import Hook, cache_subdir
 from stableguards.hooks.state import STATE
 from stableguards.pgo.identity import closure_fingerprint, default_profile_key
 from stableguards.pgo.profile import DYNAMIC, UNSET, CodeKey, Dim, Dims, Profile, SourceEntry
-from stableguards.pgo.profile import State, specialized, static
+from stableguards.pgo.profile import ProfileError, State, specialized, static
 from stableguards.pgo.session import handed_on
-from stableguards.pgo.store import LocalStore, ProfileStore, RedisStore
+from stableguards.pgo.store import LocalStore, NewerProfile, ProfileStore, RedisStore, TieredStore, decode, encode
 
 REDIS_ENV_VAR = "STABLEGUARDS_PGO_REDIS_URL"
 
@@ -68,11 +68,13 @@ def _set_replacement(call: Any, shape_env: Any, a: Any, tgt: Any, msg: str) -> N
         STATE.manager.note_replacement(shape_env, str(a), msg)
 
 
-def profile_key() -> str | None:
-    """The key this process's profile is stored under, or None when caches are off.
+def profile_key(job_id: str | None = None) -> str | None:
+    """The key a profile is stored under, or None when caches are off.
 
-    TORCH_COMPILE_JOB_ID (torch.compiler.config.job_id) wins; without it the
-    key names the entry point (see stableguards.pgo.identity).  The rank and
+    ``job_id`` names another job's profile (torch's ``pgo_extra_read_key`` and
+    ``pgo_extra_write_key``).  Otherwise TORCH_COMPILE_JOB_ID
+    (torch.compiler.config.job_id) wins; without it the key names the entry
+    point (see stableguards.pgo.identity).  The rank and
     torch.compiler.config.cache_key_tag are always part of it, as upstream.
     """
     import torch
@@ -80,22 +82,96 @@ def profile_key() -> str | None:
 
     if inductor_config.force_disable_caches:
         return None
-    job_id = torch.compiler.config.job_id or default_profile_key()
+    job_id = job_id or torch.compiler.config.job_id or default_profile_key()
     tag = torch.compiler.config.cache_key_tag
     return f"{job_id}:rank{_rank()}" + (f":{tag}" if tag else "")
 
 
 def profile_store() -> ProfileStore | None:
-    """Redis if STABLEGUARDS_PGO_REDIS_URL is set, else a directory in the inductor cache dir."""
+    """Where profiles live, following torch's settings; None when there is nowhere.
+
+    * Local: a directory in the inductor cache dir, when
+      ``torch._dynamo.config.automatic_dynamic_local_pgo`` is on (torch's default),
+      or Redis when STABLEGUARDS_PGO_REDIS_URL is set (the user's explicit choice).
+    * Remote: torch's own remote PGO cache, when
+      ``automatic_dynamic_remote_pgo`` turns it on, holding JSON (never a pickle).
+
+    Read from the first that has a profile (local, then remote, as torch), and
+    written to all.
+    """
+    import torch._dynamo.config as dynamo_config
+    import torch._dynamo.pgo as pgo
+
+    tiers: list[ProfileStore] = []
     url = os.environ.get(REDIS_ENV_VAR)
     if url:
         try:
-            return RedisStore(url)
+            tiers.append(RedisStore(url))
         except ImportError:
             STATE.warn_once("redis", f"{REDIS_ENV_VAR} is set but the redis package is not installed "
-                                "(pip install 'stableguards[redis]'); compiling without a profile")
+                                     "(pip install 'stableguards[redis]'); compiling without it")
+    elif dynamo_config.automatic_dynamic_local_pgo:
+        tiers.append(LocalStore(cache_subdir("pgo")))
+    if pgo.should_use_remote_dynamo_pgo_cache() and (remote := pgo.get_remote_cache()) is not None:
+        tiers.append(TorchRemoteStore(remote))
+    if not tiers:
+        return None
+    return tiers[0] if len(tiers) == 1 else TieredStore(tiers)
+
+
+class TorchRemoteStore:
+    """torch's remote PGO cache (``automatic_dynamic_remote_pgo``), holding stableguards' JSON.
+
+    Under its own key prefix, so a flag-off job's pickle and a flag-on job's
+    JSON never meet.  A remote cache has no compare-and-set: a write puts the
+    join of what this process read and wrote there, and two processes writing
+    at once can each lose the other's latest additions until one writes again
+    (the merge is monotone, so nothing that is re-learned is lost for good).
+    """
+
+    PREFIX = "stableguards:"
+    FIELD = "stableguards_profile"
+
+    def __init__(self, cache: Any) -> None:
+        self._cache = cache
+        self._known: dict[str, Profile] = {}
+
+    def read(self, key: str) -> Profile | None:
+        try:
+            data = self._cache.get(self.PREFIX + key)
+        except Exception as error:  # noqa: BLE001 - a remote that fails is a remote that is not there
+            STATE.warn_once("remote pgo", f"torch's remote PGO cache failed to read ({error!r}); "
+                                          "compiling without its profile")
             return None
-    return LocalStore(cache_subdir("pgo"))
+        if data is None:
+            return None
+        try:
+            profile = decode(data[self.FIELD].encode())
+        except (KeyError, TypeError, AttributeError, ProfileError, NewerProfile) as error:
+            STATE.warn_once("remote pgo format", f"torch's remote PGO cache holds an unusable profile "
+                                                 f"under {self.PREFIX}{key} ({error!r}); ignored")
+            return None
+        self._known[key] = profile
+        return profile
+
+    def merge_write(self, key: str, profile: Profile) -> Profile | None:
+        merged = self._known.get(key, Profile()) | profile
+        try:
+            self._cache.put(self.PREFIX + key, {self.FIELD: encode(merged).decode()})
+        except Exception as error:  # noqa: BLE001
+            STATE.warn_once("remote pgo write", f"torch's remote PGO cache failed to write ({error!r})")
+            return None
+        self._known[key] = merged
+        return merged
+
+    def clear(self, key: str) -> bool:
+        return False  # torch's remote caches have no delete
+
+    def keys(self) -> list[str]:
+        return []
+
+    def describe(self, key: str) -> str:
+        return f"torch remote PGO cache {self.PREFIX}{key}"
 
 
 def _rank() -> int:
@@ -107,6 +183,7 @@ def _rank() -> int:
 
 
 def _load_code_state() -> Any:
+    import torch
     import torch._dynamo.pgo as pgo
 
     state: Any = defaultdict(pgo.CodeState)
@@ -114,7 +191,13 @@ def _load_code_state() -> Any:
     if key is None or store is None:
         STATE.manager.profile = None
         return state
-    profile = STATE.manager.open_profile(store, key)
+    _import_bundled(store, key)
+    extra_read = getattr(torch.compiler.config, "pgo_extra_read_key", None)
+    extra_write = getattr(torch.compiler.config, "pgo_extra_write_key", None)
+    profile = STATE.manager.open_profile(store, key, extra_read and profile_key(extra_read),
+                                         extra_write and profile_key(extra_write))
+    if profile.frames:
+        _record_artifact(profile)
     stale = 0
     for code, sources in profile.frames.items():
         if code.filename and pgo._hash_containing_file(code.filename) != code.file_hash:
@@ -125,8 +208,8 @@ def _load_code_state() -> Any:
             code_state.automatic_dynamic[name] = _to_frame_state(entry)
     if stale:
         STATE.warn_once("stale", f"the PGO profile {store.describe(key)} names {stale} frame(s) whose "
-                            "source file changed or is gone; they are ignored (and kept; "
-                            "`python -m stableguards pgo clear` removes the profile)")
+                                 "source file changed or is gone; they are ignored (and kept; "
+                                 "`python -m stableguards pgo clear` removes the profile)")
     return state
 
 
@@ -139,7 +222,52 @@ def _save_code_state() -> None:
         _code_key(code_id): {name: _from_frame_state(e) for name, e in cs.automatic_dynamic.items()}
         for code_id, cs in pgo._CODE_STATE.items()
     })
-    STATE.manager.save_profile(observed)
+    if STATE.manager.save_profile(observed) and STATE.manager.profile is not None:
+        _record_artifact(STATE.manager.profile.known)
+
+
+def _artifact_key() -> str | None:
+    """The key torch files PGO artifacts under (its own cache key), else stableguards'."""
+    import torch._dynamo.pgo as pgo
+
+    return pgo.get_cache_key() or profile_key()
+
+
+def _record_artifact(profile: Profile) -> None:
+    """Put the profile in torch's cache artifacts, so ``torch.compiler.save_cache_artifacts()``
+    carries it: as torch's own PGO artifact type, with a JSON payload."""
+    import torch._dynamo.pgo as pgo
+    from torch.compiler._cache import CacheArtifactManager
+
+    if (key := _artifact_key()) is not None:
+        CacheArtifactManager.record_artifact(pgo.PGOCacheArtifact.type(), key, encode(profile))
+
+
+def _import_bundled(store: ProfileStore, key: str) -> None:
+    """Take in a profile ``torch.compiler.load_cache_artifacts()`` put where torch keeps its own.
+
+    torch writes a loaded PGO artifact to its local profile path; when the
+    artifact came from stableguards it is JSON, and it goes into the store.  A
+    pickle (torch's own, written with the flag off) is never loaded here.
+    """
+    import torch._dynamo.pgo as pgo
+
+    for torch_key in dict.fromkeys(k for k in (pgo.get_cache_key(), key) if k):
+        path = pgo.code_state_path(torch_key)
+        if path is None or not os.path.exists(path):
+            continue
+        with open(path, "rb") as f:
+            raw = f.read()
+        if not raw.lstrip().startswith(b"{"):
+            continue
+        try:
+            profile = decode(raw)
+        except (ProfileError, NewerProfile) as error:
+            STATE.warn_once(f"bundled {path}", f"the PGO artifact loaded at {path} is unusable ({error}); "
+                                               "ignored")
+            continue
+        if store.merge_write(key, profile) is not None:
+            os.remove(path)  # in the store now; torch would fail to unpickle it
 
 
 def _record_outcomes(code: Any, tracer_output: Any) -> None:

@@ -43,9 +43,16 @@ def handed_on(dim: Dim) -> Dim:
 
 
 class ProfileSession:
-    def __init__(self, store: ProfileStore, key: str, counters: Counter[str]) -> None:
+    """The profile under ``key``; optionally read from ``extra_read`` when there is none
+    (torch's ``pgo_extra_read_key``) and written to ``extra_write`` too
+    (``pgo_extra_write_key``), so jobs can hand profiles to each other."""
+
+    def __init__(self, store: ProfileStore, key: str, counters: Counter[str],
+                 extra_read: str | None = None, extra_write: str | None = None) -> None:
         self.store = store
         self.key = key
+        self.extra_read = extra_read
+        self.extra_write = extra_write
         self.counters = counters
         self.loaded = Profile()
         # What the store is known to hold: what was loaded joined with what was written.
@@ -53,9 +60,15 @@ class ProfileSession:
         self._outcomes: dict[CodeKey, dict[str, dict[Slot, Dim]]] = {}
 
     def load(self) -> Profile:
-        """Read the stored profile (empty if there is none or it is unusable)."""
+        """Read the stored profile (empty if there is none or it is unusable).
+
+        Only when the key has none is the extra key read, as torch does: a job's
+        own profile is the better guide to its own shapes.
+        """
         self.loaded = self.store.read(self.key) or Profile()
         self._known = self.loaded
+        if not self.loaded.frames and self.extra_read is not None:
+            self.loaded = self.store.read(self.extra_read) or Profile()
         self.counters["pgo_profiles_loaded"] += bool(self.loaded.frames)
         self.counters["pgo_sources_loaded"] += len(self.loaded)
         return self.loaded
@@ -82,6 +95,8 @@ class ProfileSession:
             self.counters["pgo_writes_skipped"] += 1
             return False
         merged = self.store.merge_write(self.key, profile)
+        if self.extra_write is not None:
+            self.store.merge_write(self.extra_write, profile)
         if merged is None:
             return False
         self._known = merged

@@ -307,3 +307,39 @@ class RedisStore(_WarnOnce):
     def _unreachable(self, error: Exception) -> None:
         self.warn("unreachable", f"Redis at {self.url} is unreachable ({type(error).__name__}: "
                                  f"{error}); compiling without a shared profile")
+
+
+class TieredStore:
+    """Several stores as one: read from the first that has a profile, write to every one.
+
+    torch's order: the local profile first, then the remote one.  Writing to all
+    of them keeps each as complete as this process can make it.
+    """
+
+    def __init__(self, tiers: list[ProfileStore]) -> None:
+        self.tiers = tiers
+
+    def read(self, key: str) -> Profile | None:
+        for tier in self.tiers:
+            profile = tier.read(key)
+            if profile is not None and profile.frames:
+                return profile
+        return None
+
+    def merge_write(self, key: str, profile: Profile) -> Profile | None:
+        written = [merged for tier in self.tiers if (merged := tier.merge_write(key, profile)) is not None]
+        if not written:
+            return None
+        joined = written[0]
+        for merged in written[1:]:
+            joined = joined | merged
+        return joined
+
+    def clear(self, key: str) -> bool:
+        return any([tier.clear(key) for tier in self.tiers])  # a list: clear every tier
+
+    def keys(self) -> list[str]:
+        return sorted({key for tier in self.tiers for key in tier.keys()})
+
+    def describe(self, key: str) -> str:
+        return " + ".join(tier.describe(key) for tier in self.tiers)

@@ -52,7 +52,9 @@ def _store(args: argparse.Namespace) -> ProfileStore:
 
     store = profile_store()
     if store is None:
-        raise SystemExit("no profile store: see the warning above")
+        raise SystemExit("no profile store: torch's automatic_dynamic_local_pgo is off or "
+                         "STABLEGUARDS_PGO_REDIS_URL is unusable (see any warning above); "
+                         "name one with --dir or --redis")
     return store
 
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from typing import Any
 
 from stableguards.cudagraph_checks import copied_grads_message, input_names
 from stableguards.hooks.core import Hook
 from stableguards.hooks.state import STATE
 
+log = logging.getLogger("stableguards")
 _TREES = "torch._inductor.cudagraph_trees"
 
 
@@ -76,9 +78,7 @@ def _warn_copied_grads(call: Any, self: Any, tx: Any) -> None:
 
 
 def _warn(message: str) -> bool:
-    import logging
-
-    logging.getLogger("stableguards").warning(message)
+    log.warning(message)
     return True
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -2,7 +2,9 @@
 
     python bench/_restart_child.py WORKLOAD BACKEND
 
-The environment (cache dir, job id, flag) is set by restart_ab.py.
+The environment (cache dir, job id, flag) is set by restart_ab.py (or by a
+test).  BACKEND "record" is the eager backend that also lists the graphs
+Dynamo built, in "graphs", for tests of what a warm run compiles.
 """
 
 from __future__ import annotations
@@ -22,10 +24,17 @@ from workloads import WORKLOADS  # noqa: E402
 
 def main(workload_name: str, backend: str) -> dict:
     workload = WORKLOADS[workload_name]
-    compiled = torch.compile(workload.fn, backend=backend)
+    graphs: list[str] = []
+
+    def record(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(gm.code)
+        return gm.forward
+
+    compiled = torch.compile(workload.fn, backend=record if backend == "record" else backend)
     gen = torch.Generator().manual_seed(0)
     for call in workload.calls:
         compiled(*workload.make_args(call, gen))
+    built = list(graphs)  # the workload's own graphs, before the check below compiles more
 
     metrics = [m for m in dynamo_utils.get_compilation_metrics() if m.has_guarded_code]
     result = {
@@ -34,6 +43,8 @@ def main(workload_name: str, backend: str) -> dict:
         "compile_s": sum(m.entire_frame_compile_time_s or 0.0 for m in metrics),
         "matches_eager": matches_eager(workload, compiled),
         "explain": stableguards.explain(),
+        "counters": dict(stableguards.manager.counters),
+        "graphs": built,
     }
     for group, names in (
         ("inductor", ("fxgraph_cache_hit", "fxgraph_cache_miss")),

@@ -25,7 +25,7 @@ import torch
 import stableguards
 import torch._C._dynamo.eval_frame as c_eval_frame
 from torch._dynamo.convert_frame import input_codes
-from guard_tree import leaf_guard_kinds
+from stableguards.hooks.guard_tree import leaf_guard_kinds
 
 name, n = sys.argv[1], int(sys.argv[2])
 params = [torch.nn.Parameter(torch.randn(8)) for _ in range(n)]

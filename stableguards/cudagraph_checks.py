@@ -13,6 +13,7 @@ the logic runs (and is tested) without a GPU.
 from __future__ import annotations
 
 import collections
+import re
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -86,8 +87,9 @@ class _Recording:
 class StaticInputWatch:
     """Recorded static-input addresses per graph, compared on later calls.
 
-    Graphs are keyed by torch's function id (an int, never reused in a
-    process).  The table is bounded: it keeps the ``capacity`` graphs recorded
+    Graphs are keyed by torch's function id, an int counted per cudagraph
+    tree manager: ids start again when torch resets the trees (an H100 run
+    showed it), so the caller must ``clear()`` the watch then.  The table is bounded: it keeps the ``capacity`` graphs recorded
     or checked most recently, so a job that compiles without end does not grow
     it; a graph evicted and recorded again starts its re-record count anew.
     """
@@ -111,6 +113,10 @@ class StaticInputWatch:
 
     def __len__(self) -> int:
         return len(self._recordings)
+
+    def clear(self) -> None:
+        """Forget every graph: their ids will be handed out again."""
+        self._recordings.clear()
 
     def record(
         self,
@@ -161,17 +167,33 @@ class StaticInputWatch:
 
 
 def input_names(placeholders: Sequence[str], sources: Sequence[str] | None) -> list[str]:
-    """Names for a recorded graph's inputs: Dynamo's sources where they line up.
+    """Names for a recorded graph's inputs: the Dynamo source behind each placeholder.
 
-    The graph cudagraphs records is inductor's, whose placeholders are named
-    ``primals_3`` or ``arg3_1``.  A forward graph takes Dynamo's graph inputs
-    in order, so when the counts agree each gets its source
-    (``L['self'].param_groups[0]['params'][3]``); a backward graph does not,
-    and keeps inductor's names.
+    The graph cudagraphs records is inductor's.  AOTAutograd numbers its flat
+    inputs (the graph module's lifted parameters and buffers, then Dynamo's
+    graph inputs in order) and names placeholders after that number:
+    ``primals_3`` is flat input 2 in a forward graph and in the backward that
+    saved it, ``arg3_1`` is flat input 3 of an inference graph.  The
+    placeholders arrive in inductor's order, not that one (seen on an H100:
+    ``primals_2, primals_3, primals_1``), so names are matched by number, never
+    by position.  Anything else (``tangents_1``, saved activations) keeps
+    inductor's name.
     """
-    if sources is not None and len(sources) == len(placeholders):
-        return [f"{source} ({name})" for source, name in zip(sources, placeholders, strict=True)]
-    return list(placeholders)
+    if sources is None:
+        return list(placeholders)
+    return [_source_of(name, sources) for name in placeholders]
+
+
+def _source_of(placeholder: str, sources: Sequence[str]) -> str:
+    match = _FLAT_INPUT.fullmatch(placeholder)
+    if match is None:
+        return placeholder
+    primal, arg = match.groups()
+    index = int(primal) - 1 if primal is not None else int(arg)
+    return f"{sources[index]} ({placeholder})" if 0 <= index < len(sources) else placeholder
+
+
+_FLAT_INPUT = re.compile(r"primals_(\d+)|arg(\d+)_1")
 
 
 def copied_grads_message(names: Sequence[str]) -> str:

@@ -1,14 +1,10 @@
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
 # Compiles in this process (profiles, inductor artifacts) must not see earlier runs'.
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="stableguards-tests-")
 

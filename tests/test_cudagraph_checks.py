@@ -202,10 +202,33 @@ def test_cudagraph_hooks_name_the_moved_input_and_strict_refuses(caplog):
             stableguards.manager.strict_static_inputs = False
 
 
-def test_input_names_use_dynamo_sources_when_they_line_up():
+def test_input_names_match_flat_inputs_by_number_not_position():
+    """Placeholder order is inductor's (an H100 run recorded primals_2, primals_3, primals_1);
+    the number in the name is AOTAutograd's flat input."""
     from stableguards.cudagraph_checks import input_names
 
-    assert input_names(["primals_1", "primals_2"], ["L['w']", "L['x']"]) == [
-        "L['w'] (primals_1)", "L['x'] (primals_2)"]
-    assert input_names(["tangents_1"], ["L['w']", "L['x']"]) == ["tangents_1"]
+    sources = ["L['w']", "L['b']", "L['x']"]
+    assert input_names(["primals_2", "primals_3", "primals_1"], sources) == [
+        "L['b'] (primals_2)", "L['x'] (primals_3)", "L['w'] (primals_1)"]
+    # A backward graph: tangents and saved activations keep their names.
+    assert input_names(["tangents_1", "addmm", "primals_3"], sources) == [
+        "tangents_1", "addmm", "L['x'] (primals_3)"]
+    assert input_names(["arg2_1", "arg0_1", "arg9_1"], sources) == [
+        "L['x'] (arg2_1)", "L['w'] (arg0_1)", "arg9_1"]
     assert input_names(["arg0_1"], None) == ["arg0_1"]
+
+
+def test_resetting_the_trees_forgets_recordings():
+    """torch's function ids start again after reset_cudagraph_trees (seen on an H100):
+    a new graph with an old id must not inherit the old graph's addresses or count."""
+    import torch
+
+    from stableguards.hooks import STATE, cudagraphs
+    from stableguards.hooks.core import _wrap
+
+    hook = next(h for h in cudagraphs.HOOKS if h.target == "reset_cudagraph_trees")
+    reset = _wrap(hook, lambda: None)
+    STATE.static_inputs.record(0, [torch.zeros(1)], [0], ["w"])
+    with torch._dynamo.config.patch(stable_guards=True):
+        reset()
+    assert len(STATE.static_inputs) == 0

@@ -132,7 +132,7 @@ def _assert_same(opt, twin):
 def _leaf_guards(code_name="step"):
     """C++ leaf guards, by kind, of the live cache entries of optimizer step frames."""
     import torch._C._dynamo.eval_frame as c_eval_frame
-    from guard_tree import leaf_guard_kinds  # bench/, on sys.path through conftest
+    from stableguards.hooks.guard_tree import leaf_guard_kinds
     from torch._dynamo.convert_frame import input_codes
 
     kinds = collections.Counter()

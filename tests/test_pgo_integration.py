@@ -3,30 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from bench_programs import restart_child
 
 from stableguards.pgo.store import LocalStore
 
-CHILD = Path(__file__).resolve().parent / "_graphs_child.py"
-
 
 def run(workload: str, cache_dir: Path, **env: str) -> dict:
-    full = {k: v for k, v in os.environ.items()
-            if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE", "STABLEGUARDS_PGO_REDIS_URL")}
-    full.update(TORCHINDUCTOR_CACHE_DIR=str(cache_dir), TORCHDYNAMO_STABLE_GUARDS="1",
-                PYTHONHASHSEED="random")
-    full.update(env)
-    proc = subprocess.run([sys.executable, str(CHILD), workload], env=full, capture_output=True,
-                          text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    result["stderr"] = proc.stderr
-    return result
+    """One process of the demo under the recording eager backend, flag on unless env says."""
+    return restart_child(workload, "record", cache_dir, {"TORCHDYNAMO_STABLE_GUARDS": "1", **env})
 
 
 def profiles(cache_dir: Path) -> list[Path]:
@@ -71,7 +58,7 @@ def test_job_id_names_the_profile(tmp_path):
 def test_default_key_names_the_entry_point_and_rank(tmp_path):
     run("seed", tmp_path, RANK="3")
     [path] = profiles(tmp_path)
-    assert path.name.startswith("_graphs_child-") and path.name.endswith("_rank3.json")
+    assert path.name.startswith("_restart_child-") and path.name.endswith("_rank3.json")
 
 
 def test_flag_off_writes_no_stableguards_profile(tmp_path):

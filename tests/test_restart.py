@@ -7,16 +7,14 @@ they prove the product promise end to end, where the others test the parts.
 from __future__ import annotations
 
 import pytest
-
-from restart_ab import measure
-from workloads import WORKLOADS
+from bench_programs import WORKLOADS, restart_ab, restart_child
 
 
-@pytest.mark.parametrize("workload, config", [(w, "on") for w in sorted(WORKLOADS)]
+@pytest.mark.parametrize("workload, config", [(w, "on") for w in WORKLOADS]
                          + [("seed", "on, symbols off")])
 def test_flag_on_warm_restart_hits_both_caches_and_matches_eager(workload, config):
     """Flag on; once more with the allocator left to torch, where the profiles alone must do it."""
-    warm = measure(workload, "inductor", config, "set")["warm"]
+    warm = restart_ab(workload, "inductor", config, "set")["warm"]
     assert warm["compiles"] >= 1
     assert warm["fxgraph_cache_miss"] == 0 and warm["autograd_cache_miss"] == 0, warm
     assert warm["fxgraph_cache_hit"] == warm["compiles"], warm
@@ -37,18 +35,18 @@ def test_flag_off_the_seed_case_misses_on_restart():
     If this starts passing with zero misses, upstream changed its allocator and
     the seed workload no longer shows the problem it was written for.
     """
-    warm = measure("seed", "inductor", "off", "set", FX_ONLY)["warm"]
+    warm = restart_ab("seed", "inductor", "off", "set", FX_ONLY)["warm"]
     assert warm["fxgraph_cache_miss"] >= 1, warm
     assert warm["matches_eager"]
-    fixed = measure("seed", "inductor", "on", "set", FX_ONLY)["warm"]
+    fixed = restart_ab("seed", "inductor", "on", "set", FX_ONLY)["warm"]
     assert fixed["fxgraph_cache_miss"] == 0 and fixed["fxgraph_cache_hit"] == fixed["compiles"], fixed
 
 
 def test_without_a_job_id_only_the_flag_carries_dynamism_across_a_restart():
     """torch's PGO needs a job id (the open-source default has none): the warm run compiles
     the static graph again, then recompiles; with the flag it starts from the dynamic one."""
-    off = measure("closure", "inductor", "off", "unset")["warm"]
-    on = measure("closure", "inductor", "on", "unset")["warm"]
+    off = restart_ab("closure", "inductor", "off", "unset")["warm"]
+    on = restart_ab("closure", "inductor", "on", "unset")["warm"]
     assert off["recompiles"] >= 1 and on["recompiles"] == 0, (off, on)
     assert on["compiles"] < off["compiles"]
     assert off["matches_eager"] and on["matches_eager"]
@@ -62,11 +60,9 @@ def test_artifacts_never_cross_backend_configurations_after_a_restart():
     """
     import tempfile
 
-    from restart_ab import run_child
-
     with tempfile.TemporaryDirectory() as cache_dir:
-        run_child("seed", "inductor", cache_dir, {"TORCHDYNAMO_STABLE_GUARDS": "1"})
-        other = run_child("seed", "inductor", cache_dir, {"TORCHDYNAMO_STABLE_GUARDS": "1",
+        restart_child("seed", "inductor", cache_dir, {"TORCHDYNAMO_STABLE_GUARDS": "1"})
+        other = restart_child("seed", "inductor", cache_dir, {"TORCHDYNAMO_STABLE_GUARDS": "1",
                                                           "TORCHINDUCTOR_MAX_AUTOTUNE": "1"})
     assert other["fxgraph_cache_hit"] == 0 and other["autograd_cache_hit"] == 0
     assert other["matches_eager"]
@@ -74,7 +70,7 @@ def test_artifacts_never_cross_backend_configurations_after_a_restart():
 
 def test_a_restart_miss_is_explained_by_the_key_component_and_symbol():
     """With the stable parts off, the seed case misses; explain() says which component differs."""
-    warm = measure("seed", "inductor", "on", "set",
+    warm = restart_ab("seed", "inductor", "on", "set",
                    {"STABLEGUARDS_DISABLE": "symbols,pgo,backend", **FX_ONLY})["warm"]
     assert warm["fxgraph_cache_miss"] >= 1
     miss = next(line for line in warm["explain"].splitlines() if "FX-graph cache miss" in line)

@@ -22,14 +22,17 @@ _TREES = "torch._inductor.cudagraph_trees"
 
 
 def _call_user_compiler(call: Any, self: Any, gm: Any, *args: Any, **kwargs: Any) -> Any:
-    """Keep the Dynamo sources of the graph's inputs: the graph cudagraphs records later
-    has only inductor's placeholder names."""
+    """Keep the names of the graph's flat inputs, in AOTAutograd's order: the graph
+    module's own parameters and buffers (lifted first), then Dynamo's graph inputs
+    by source.  The graph cudagraphs records later has only inductor's names."""
     from torch._guards import CompileContext
 
+    lifted = [*dict(gm.named_parameters(remove_duplicate=False)),
+              *dict(gm.named_buffers(remove_duplicate=False))]
     graph_args = [n.meta.get("grapharg") for n in gm.graph.find_nodes(op="placeholder")]
     STATE.note_input_sources(CompileContext.current_compile_id(),
-                             [a.source.name if a is not None and a.source is not None else "?"
-                              for a in graph_args])
+                             lifted + [a.source.name if a is not None and a.source is not None else "?"
+                                       for a in graph_args])
     return call(self, gm, *args, **kwargs)
 
 
@@ -50,7 +53,10 @@ def _record(call: Any, self: Any, *args: Any, **kwargs: Any) -> None:
     function = bound["wrapped_function"]
     names = input_names([p.name for p in function.placeholders],
                         STATE.input_sources.get(bound.get("compile_id")))
-    STATE.static_inputs.record(function.id, inputs, self.tensor_static_input_idxs, names)
+    # Before opaque (non-tensor) inputs existed, every static input was a tensor.
+    static = getattr(self, "tensor_static_input_idxs", None)
+    STATE.static_inputs.record(function.id, inputs, self.static_input_idxs if static is None else static,
+                               names)
 
 
 def _check_invariants(call: Any, self: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
@@ -64,6 +70,13 @@ def _check_invariants(call: Any, self: Any, inputs: Any, *args: Any, **kwargs: A
         if report is not None:
             STATE.manager.note_static_inputs_moved(report.describe())
     return status, logger
+
+
+def _forget_recordings(call: Any, *args: Any, **kwargs: Any) -> None:
+    """Resetting the trees restarts torch's function ids: the old recordings would
+    answer for new graphs."""
+    call(*args, **kwargs)
+    STATE.static_inputs.clear()
 
 
 def _warn_copied_grads(call: Any, self: Any, tx: Any) -> None:
@@ -91,4 +104,5 @@ HOOKS = [
          params=("wrapped_function", "inputs", "compile_id"), lazy=True),
     Hook(_TREES, "CUDAGraphNode.check_invariants", "cudagraphs", _check_invariants,
          params=("inputs",), lazy=True),
+    Hook(_TREES, "reset_cudagraph_trees", "cudagraphs", _forget_recordings, lazy=True),
 ]

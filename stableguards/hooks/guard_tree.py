@@ -1,5 +1,7 @@
 """Count a compiled frame's C++ leaf guards by kind (for benchmarks and tests).
 
+It reads torch's C++ guard tree, so it lives in the hook layer; it hooks nothing.
+
 Dict guard managers keep their key and value managers apart from their other
 children, so a walk over ``get_child_managers`` alone misses every guard
 under a dict (the optimizer state's, for one).

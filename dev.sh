@@ -5,7 +5,7 @@
 #   ./dev.sh demo    cross-restart A/B demo: prints the table, writes bench/out/
 #   ./dev.sh test    the test suite (arguments after it go to pytest)
 #   ./dev.sh bench   the micro-benchmarks (allocator, import time, profile I/O, backends, key ledger,
-#                    optimizer steps; cudagraph checks on a CUDA machine)
+#                    optimizer steps, warm start; cudagraph checks on a CUDA machine)
 #
 #   --torch VERSION  (first argument after the command) runs against another torch, in
 #                    .venv-torch-VERSION: ./dev.sh test --torch 2.15.0
@@ -50,7 +50,7 @@ case "$COMMAND" in
     bench)
         setup test,bench
         for script in alloc_cost import_time pgo_io backend_switch optimizer_table optimizer_guard_check \
-                      optimizer_rebuild cudagraph_static backend_call_cost key_ledger; do
+                      optimizer_rebuild cudagraph_static backend_call_cost key_ledger warm_start; do
             "$PY" "bench/$script.py"
         done
         ;;

@@ -210,6 +210,30 @@ class GuardManager:
         self._record(Note(f"FX-graph cache miss for key {key[:12]}: the closest recorded key "
                           f"{nearest[:12]} differs in {len(differences)} component(s): {shown}"))
 
+    def note_warm_start_loaded(self, function: str) -> None:
+        """A restarted process installed a saved entry for ``function``: no tracing for it."""
+        self.counters["warm_start_loaded"] += 1
+        self._record(Note(f"warm start: {function} installed its saved compiled entry"))
+
+    def note_warm_start_saved(self) -> None:
+        self.counters["warm_start_saved"] += 1
+
+    def note_warm_start_left_out(self, frame: str, reason: str) -> None:
+        """A compile that cannot be saved soundly: a restart traces this frame again."""
+        self.counters["warm_start_left_out"] += 1
+        self._record(Note(f"warm start: {frame} is left out of its saved entry: {reason}"))
+
+    def note_warm_start_pending(self, frame: str) -> None:
+        """An entry waits for a graph compiled on first use (a backward) before it is saved."""
+        self._record(Note(f"warm start: {frame}: entry saved once all its graphs are compiled "
+                          f"(a backward compiles on its first use)"))
+
+    def note_warm_start_miss(self, function: str, differences: list[str]) -> None:
+        """A saved entry exists for ``function`` but under another key: which components differ."""
+        self.counters["warm_start_misses"] += 1
+        shown = "; ".join(differences[:6]) + (f"; and {len(differences) - 6} more" if len(differences) > 6 else "")
+        self._record(Note(f"warm start: {function} has a saved entry for another key; it differs in {shown}"))
+
     def _record(self, event: Collision | Fallback | Note) -> None:
         self._events.append(event)
         for listener in self.listeners:

@@ -55,8 +55,36 @@ def inductor_call() -> None:
     torch.testing.assert_close(torch.compile(lambda t: t.sin() + 1, backend="inductor")(x), x.sin() + 1)
 
 
+def warm_start_calls() -> None:
+    """Compile for inductor (entries saved; one compile left out: a local class cannot be
+    checked by name), then forget this process saved them and compile again, as a restarted
+    process would: the entry is loaded and installed."""
+
+    class Local:
+        pass
+
+    local = Local()
+
+    def saved(t):
+        return t.cos() * 2
+
+    def left_out(t):
+        return t + 1 if isinstance(local, Local) else t - 1
+
+    x = torch.randn(8)
+    for _ in range(2):
+        torch.testing.assert_close(torch.compile(saved)(x), x.cos() * 2)
+        torch.testing.assert_close(torch.compile(left_out)(x), x + 1)
+        torch._dynamo.reset()
+        STATE.warm.saved_here.clear()
+        STATE.warm.contexts.clear()
+        STATE.warm.installed.clear()
+
+
 def workload_for(hook) -> None:
-    if hook.module.startswith("torch._inductor"):
+    if hook.part == "precompile":
+        warm_start_calls()
+    elif hook.module.startswith("torch._inductor"):
         inductor_call()
     else:
         train_steps("eager")

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
+import inspect
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -26,6 +28,8 @@ from typing import Any
 from stableguards.hooks.core import FLAG, PARTS, Hook, HookDoesNotFit, apply, enabled, remove, remove_all
 from stableguards.hooks.state import STATE
 
+log = logging.getLogger("stableguards")
+
 __all__ = ["ENV_VAR", "FLAG", "PARTS", "STATE", "arm", "enabled", "hook_tables", "install", "uninstall"]
 
 ENV_VAR = "TORCHDYNAMO_STABLE_GUARDS"
@@ -34,14 +38,16 @@ ENV_VAR = "TORCHDYNAMO_STABLE_GUARDS"
 TESTED_TORCH = ("2.13", "2.14", "2.15")
 UNTESTED_ENV_VAR = "STABLEGUARDS_UNTESTED_TORCH"
 LOG_ARTIFACT = "stableguards"
+# Parts built on machinery only the newest tested torch has (see each module's docstring).
+_NEEDS_NEWER_TORCH = ("precompile",)
 
 
 def hook_tables() -> dict[str, list[Hook]]:
     """Every declared hook, by part: where stableguards meets torch, in one place."""
-    from stableguards.hooks import backends, cache_keys, cudagraphs, optimizers, profiles, symbols
+    from stableguards.hooks import backends, cache_keys, cudagraphs, optimizers, precompile, profiles, symbols
 
     hooks = [*symbols.HOOKS, *profiles.HOOKS, *backends.HOOKS, *cache_keys.HOOKS, *optimizers.HOOKS,
-             *cudagraphs.HOOKS]
+             *cudagraphs.HOOKS, *precompile.HOOKS]
     return {part: [h for h in hooks if h.part == part] for part in PARTS}
 
 
@@ -108,8 +114,12 @@ def _install_later(part: str, hooks: list[Hook]) -> None:
 
 
 def _part_off(part: str, why: Exception) -> None:
-    STATE.warn_once(f"part {part}", f"stableguards part {part!r} stays off: its hook points do not fit "
-                                    f"this torch ({why}); the other parts work as usual")
+    message = (f"stableguards part {part!r} stays off: its hook points do not fit this torch ({why}); "
+               f"the other parts work as usual")
+    if part in _NEEDS_NEWER_TORCH:
+        log.info(message)  # expected on older torch: not worth a warning on every run
+    else:
+        STATE.warn_once(f"part {part}", message)
 
 
 def uninstall() -> None:
@@ -123,11 +133,17 @@ def _register_flag(dynamo_config: ModuleType) -> None:
 
     if FLAG in dynamo_config._config:
         return
-    entry = _ConfigEntry(_Config(default=False, env_name_default=ENV_VAR), FLAG)
+    config = _Config(default=False, env_name_default=ENV_VAR)
+    # Feature detection: torch 2.13+ passes the entry its name; older ones do not.
+    takes_name = len(inspect.signature(_ConfigEntry.__init__).parameters) > 2
+    entry = _ConfigEntry(config, FLAG) if takes_name else _ConfigEntry(config)
     dynamo_config._config[FLAG] = entry
-    # The module caches its hash and dict per context; both must see the new key.
-    dynamo_config._hash_dirty_var.set(True)
-    dynamo_config._get_dict_dirty_keys_var.set(None)
+    # The module caches its hash (and, from 2.13, its dict) per context; both must see the new key.
+    if hasattr(dynamo_config, "_hash_dirty_var"):
+        dynamo_config._hash_dirty_var.set(True)
+        dynamo_config._get_dict_dirty_keys_var.set(None)
+    else:
+        dynamo_config._is_dirty = True
 
 
 def _register_log_artifact() -> None:

@@ -34,7 +34,7 @@ from stableguards.hooks.state import STATE
 log = logging.getLogger("stableguards")
 
 FLAG = "stable_guards"
-PARTS = ("symbols", "pgo", "backend", "keys", "optimizer", "cudagraphs")
+PARTS = ("symbols", "pgo", "backend", "keys", "optimizer", "cudagraphs", "precompile")
 # Raised on purpose, to the user: never a reason to fall back.
 _PASS_THROUGH = (StaticInputMoved,)
 
@@ -138,15 +138,16 @@ def _resolve(hook: Hook) -> tuple[Any, str]:
 class _Seam:
     """A patched attribute: torch's original and the hooks stacked on it, in install order."""
 
-    raw: Any  # as found on the owner (a staticmethod stays one)
+    raw: Any  # as found on the owner (a staticmethod or classmethod stays one)
     hooks: list[Hook]
 
 
 def _compose(owner: Any, attr: str, seam: _Seam) -> None:
-    fn = seam.raw.__func__ if isinstance(seam.raw, staticmethod) else seam.raw
+    kind = type(seam.raw) if isinstance(seam.raw, (staticmethod, classmethod)) else None
+    fn = seam.raw.__func__ if kind is not None else seam.raw
     for hook in seam.hooks:
         fn = _wrap(hook, fn)
-    setattr(owner, attr, staticmethod(fn) if isinstance(seam.raw, staticmethod) else fn)
+    setattr(owner, attr, kind(fn) if kind is not None else fn)
 
 
 def apply(hooks: Iterable[Hook]) -> None:

@@ -12,6 +12,7 @@ import collections
 import contextvars
 import logging
 import os
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,30 @@ log = logging.getLogger("stableguards")
 _MAX_WARNED = 1024
 # Dynamo sources of the graph inputs of this many recent compiles (cudagraph names).
 _MAX_COMPILES_NAMED = 256
+
+
+class WarmStartTables:
+    """What hooks.precompile keeps: packages by the key they load and save under."""
+
+    def __init__(self) -> None:
+        # The key the current torch.compile(fn) loads under (read by source_id_from_fn).
+        self.loading: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+            "stableguards_warm_key", default=None)
+        # The frame being compiled (for explanations of a compile left out).
+        self.frame: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+            "stableguards_warm_frame", default=None)
+        # Packages made for a warm-start backend -> what their key needs besides the function.
+        self.backends: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+        # Packages keyed by stableguards -> their key (only these are saved).
+        self.keys: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        # Code objects with saved entries installed -> (key digest, weak package).
+        self.installed: dict[Any, tuple[str, weakref.ref]] = {}
+        # Code objects -> the keys of every compiled context made for them ("other": no key).
+        self.contexts: dict[Any, set[str]] = {}
+        # Keys of the entries this process saved (never loaded back by it).
+        self.saved_here: set[str] = set()
+        # Packages whose save waits for a graph compiled later (a backward) -> (key, frame).
+        self.pending: weakref.WeakKeyDictionary[Any, tuple[Any, str]] = weakref.WeakKeyDictionary()
 
 
 class ProcessState:
@@ -52,6 +77,7 @@ class ProcessState:
         self.copied_grads_told: IdentityTable[bool] = IdentityTable()  # optimizers warned about
         self.static_inputs = StaticInputWatch()
         self.input_sources: collections.OrderedDict[Any, list[str]] = collections.OrderedDict()
+        self.warm = WarmStartTables()
 
     def reset(self) -> None:
         """Forget counters, events, warnings and recorded graphs (for tests).
@@ -128,3 +154,4 @@ class ProcessState:
 
 
 STATE = ProcessState()
+

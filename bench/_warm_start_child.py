@@ -1,0 +1,130 @@
+"""One process of the warm-start bench: compile a workload, run its calls, print timings as JSON.
+
+    python bench/_warm_start_child.py WORKLOAD
+
+The environment (cache dir, flag) is set by bench/warm_start.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch._dynamo.utils as dynamo_utils
+
+import stableguards
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workloads import WORKLOADS  # noqa: E402
+
+# Per-call overhead: calls timed after everything is compiled (guards + launch).
+OVERHEAD_CALLS = 100
+OVERHEAD_BATCHES = 5
+
+
+class Encoder(torch.nn.Module):
+    """A small transformer encoder (forward only, no grad)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layer = torch.nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, batch_first=True,
+                                                 dropout=0.0)
+        self.encoder = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x)).mean(dim=1)
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def transformer() -> tuple:
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    inputs = [(torch.randn(4, 12, 32),) for _ in range(3)]
+
+    def run(compiled, args):
+        with torch.no_grad():
+            return compiled(*args)
+
+    return model, inputs, run
+
+
+def train_step() -> tuple:
+    """A training step: forward with a graph break (logging the loss) in the compiled
+    function, backward after it: two frames, each with a forward and a backward graph."""
+    torch.manual_seed(0)
+    model = Mlp()
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        hidden = model(x)
+        torch._dynamo.graph_break()
+        return torch.nn.functional.mse_loss(hidden.relu(), y)
+
+    inputs = [(torch.randn(8, 16), torch.randn(8, 16)) for _ in range(3)]
+
+    def run(compiled, args):
+        model.zero_grad(set_to_none=True)
+        loss = compiled(*args)
+        loss.backward()
+        return torch.cat([loss.detach().reshape(1)] + [p.grad.flatten() for p in model.parameters()])
+
+    return step, inputs, run
+
+
+def ab_workload(name: str) -> tuple:
+    workload = WORKLOADS[name]
+    gen = torch.Generator().manual_seed(0)
+    return workload.fn, [workload.make_args(call, gen) for call in workload.calls], lambda c, a: c(*a)
+
+
+REALISTIC = {"transformer": transformer, "train_step": train_step}
+
+
+def main(name: str) -> dict:
+    fn, inputs, run = REALISTIC[name]() if name in REALISTIC else ab_workload(name)
+    # Importing inductor takes 2-3 s here, in every process that compiles for it, cold or
+    # warm, flag off or on: it is left out of the timings, which compare what differs.
+    import torch._dynamo.backends.common  # noqa: F401
+    import torch._inductor.compile_fx  # noqa: F401
+
+    start = time.perf_counter()
+    compiled = torch.compile(fn)
+    outputs = [run(compiled, args) for args in inputs]
+    first_s = time.perf_counter() - start
+    frames = dynamo_utils.counters["frames"]["total"]
+    start = time.perf_counter()
+    for args in inputs:
+        run(compiled, args)
+    steady_s = time.perf_counter() - start
+    batches = []
+    for _ in range(OVERHEAD_BATCHES):  # the fastest batch: the machine is shared and noisy
+        start = time.perf_counter()
+        for _ in range(OVERHEAD_CALLS):
+            run(compiled, inputs[-1])
+        batches.append((time.perf_counter() - start) / OVERHEAD_CALLS * 1e6)
+    per_call_us = min(batches)
+    eager = [run(fn, args) for args in inputs]
+    matches = all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(outputs, eager, strict=True))
+    return {
+        "compile_s": first_s - steady_s,  # what the first calls cost beyond running
+        "frames": frames,
+        "dynamo_cache_hit": dynamo_utils.counters["dynamo_cache"]["dynamo_cache_hit"],
+        "per_call_us": per_call_us,
+        "matches_eager": matches,
+        "warm_start": {k: v for k, v in stableguards.manager.counters.items() if k.startswith("warm_start")},
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1])))

@@ -1,0 +1,480 @@
+"""Warm start: save each compiled frame's entry, install it in a restarted process.
+
+torch's ``caching_precompile`` machinery (``torch._dynamo.package``) does the
+saving and installing.  Alone it is unsafe; here, with the flag on:
+
+* it runs for backends whose compiled code torch can serialize (inductor: the
+  bundled AOTAutograd entry); other backends compile as usual;
+* entries are saved when compiled, not only on ``save_cache_artifacts()``;
+* the entry's key is ``stableguards.warm_start.entry_key``: module, file, code
+  hash, receiver class, backend fingerprint, ``dynamic``, and the Dynamo,
+  inductor and functorch configurations, not only qualname and first line;
+* no guard is dropped.  torch drops identity guards (``ID_MATCH``,
+  ``CLOSURE_MATCH``, ``DICT_VERSION`` and what derives from them) under
+  ``caching_precompile``, in the live process too.  They are kept here, so
+  ``serialize_guards`` refuses them and the compile is left out of the entry
+  (torch's per-compile bypass): the live entry keeps its full guards, and a
+  warm process traces that frame again;
+* a load or install that fails falls back to a normal compile, with one warning.
+
+Needs torch's per-compile bypass (``CompilePackage.bypass_current_compile``,
+torch 2.15): with a per-function bypass one unsaveable compile drops the
+function's whole entry, and 2.13's install breaks a later in-process recompile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import uuid
+import weakref
+from pathlib import Path
+from typing import Any
+
+from stableguards.hooks.core import Hook, cache_subdir, registered_name
+from stableguards.hooks.state import STATE
+from stableguards.warm_start import EntryKey, entry_key
+
+log = logging.getLogger("stableguards")
+
+_PACKAGE = "torch._dynamo.package"
+_AUTOGRAD_CACHE = "torch._functorch._aot_autograd.autograd_cache"
+_WARM = STATE.warm  # this part's tables (hooks.state.WarmStartTables)
+
+
+def _precompiling(on: bool) -> contextlib.AbstractContextManager[None]:
+    import torch._dynamo.config as dynamo_config
+
+    return dynamo_config.patch(caching_precompile=on)
+
+
+def _serializable(backend: Any) -> bool:
+    """Backends whose compiled graphs torch saves in a package: inductor's."""
+    import torch
+
+    wrapper = getattr(torch, "_TorchCompileInductorWrapper", None)
+    return (isinstance(wrapper, type) and type(backend) is wrapper) or registered_name(backend) == "inductor" \
+        or backend == "inductor"
+
+
+def _optimize(call: Any, rebuild_ctx: Any, backend: Any = "inductor", *args: Any, **kwargs: Any) -> Any:
+    """Give a compile for a serializable backend a package, as caching_precompile would."""
+    if kwargs.get("package") is not None or kwargs.get("disable") or not _serializable(backend):
+        return call(rebuild_ctx, backend, *args, **kwargs)
+    from stableguards.hooks.backends import backend_fingerprint
+
+    fingerprint = backend_fingerprint(backend)
+    with _precompiling(True):
+        ctx = call(rebuild_ctx, backend, *args, **kwargs)
+    package = getattr(ctx, "_package", None)
+    if package is not None and fingerprint.stable:
+        _WARM.backends[package] = {"backend": f"{fingerprint.description} #{fingerprint.digest}",
+                              "dynamic": kwargs.get("dynamic")}
+    return ctx
+
+
+def _context_call(call: Any, self: Any, fn: Any) -> Any:
+    """torch.compile(fn): look the entry up under stableguards' key, then install it.
+
+    Installed entries live on the code object and serve every compiled context
+    that runs it, whatever its backend, so one code object gets entries from
+    one key only: a second context for it with another key (another backend,
+    options, receiver class) uninstalls them, and a context created after
+    another one loads nothing.  Both then compile as usual.
+    """
+    package = getattr(self, "_package", None)
+    code = _code_of(fn)
+    if package is not None and package.is_initialized():
+        return call(self, fn)
+    key = _key_for(package, fn) if package is not None else None
+    if code is not None and not _claim(code, key.digest if key is not None else None, fn):
+        key = None
+    # Warm start is for a restarted process.  An entry this process saved itself
+    # is not loaded back (after torch._dynamo.reset(), say): torch's own caches
+    # serve that compile, as without the flag.
+    loadable = key is not None and key.digest not in _WARM.saved_here
+    if package is None:
+        return call(self, fn)
+    # A package with no key of ours (a backend with an identity, code we cannot
+    # hash, a shared code object) still needs torch's initialization; a fresh
+    # random key finds nothing, and it is never saved.
+    token = _WARM.loading.set(key.digest if loadable else f"unkeyed-{uuid.uuid4().hex}")
+    hits = _dynamo_cache_hits()
+    try:
+        with _precompiling(True):
+            result = call(self, fn)
+    finally:
+        _WARM.loading.reset(token)
+    if key is not None:
+        package.__dict__["source_id"] = key.digest  # the cached_property saves use
+        _WARM.keys[package] = key
+        if _dynamo_cache_hits() > hits:
+            _WARM.installed[code] = (key.digest, weakref.ref(package))
+            STATE.manager.note_warm_start_loaded(_describe(fn))
+        else:
+            _explain_miss(fn, key)
+    return result
+
+
+def _claim(code: Any, digest: str | None, fn: Any) -> bool:
+    """Record a compiled context for ``code``; whether it may load and save entries."""
+    mine = digest or "other"
+    installed = _WARM.installed.get(code)
+    if installed is not None and installed[0] != mine:
+        package = installed[1]()
+        if package is not None:
+            package.uninstall()
+        del _WARM.installed[code]
+        STATE.manager.note_warm_start_left_out(
+            _describe(fn), "its installed entry was removed: another compiled context (backend, options "
+                           "or receiver class) runs the same code in this process")
+    seen = _WARM.contexts.setdefault(code, set())
+    others = seen - {mine}
+    seen.add(mine)
+    return digest is not None and not others
+
+
+def _code_of(fn: Any) -> Any:
+    from torch._dynamo.eval_frame import innermost_fn
+
+    target = innermost_fn(fn.forward if _is_module(fn) else fn)
+    return getattr(getattr(target, "__func__", target), "__code__", None)
+
+
+def _key_for(package: Any, fn: Any) -> EntryKey | None:
+    from torch._dynamo.eval_frame import innermost_fn
+    from torch._dynamo.package import CompilePackage
+
+    backend = _WARM.backends.get(package)
+    target = innermost_fn(fn.forward if _is_module(fn) else fn)
+    if backend is None or not hasattr(getattr(target, "__func__", target), "__code__"):
+        return None
+    return entry_key(torch_key=CompilePackage.source_id_from_fn(target), fn=target,
+                     backend=backend["backend"], options={"dynamic": backend["dynamic"]},
+                     configs=_configs())
+
+
+def _configs() -> dict[str, dict[str, Any]]:
+    import torch._dynamo.config as dynamo_config
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    from stableguards.hooks.core import FLAG
+
+    dynamo = {k: v for k, v in dynamo_config.get_config_copy().items() if k not in (FLAG, "caching_precompile")}
+    return {"dynamo": dynamo, "inductor": inductor_config.get_config_copy(),
+            "functorch": functorch_config.get_config_copy()}
+
+
+def _is_module(fn: Any) -> bool:
+    import torch
+
+    return isinstance(fn, torch.nn.Module)
+
+
+def _dynamo_cache_hits() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["dynamo_cache"]["dynamo_cache_hit"]
+
+
+def _source_id_from_fn(call: Any, fn: Any) -> str:
+    return _WARM.loading.get() or call(fn)
+
+
+def _initialize(call: Any, self: Any, fn: Any, dynamo: Any = None, *args: Any, **kwargs: Any) -> None:
+    """A saved entry that does not initialize (changed source, versions) leaves the package
+    as it was, so torch's fallback can initialize it fresh."""
+    if dynamo is None:
+        return call(self, fn, dynamo, *args, **kwargs)
+    try:
+        return call(self, fn, dynamo, *args, **kwargs)
+    except Exception as error:
+        _forget(self)
+        raise RuntimeError(f"stableguards: saved entry not used: {error}") from error
+
+
+def _install(call: Any, self: Any, backends: Any) -> None:
+    """torch's fallback after a failed install initializes the package again, which it
+    refuses once initialized ("already initialized"): undo the install and the
+    initialization, and raise what torch's fallback catches."""
+    try:
+        return call(self, backends)
+    except Exception as error:
+        with contextlib.suppress(Exception):
+            self.uninstall()
+        _forget(self)
+        STATE.warn_once("warm start install", f"stableguards: a saved compiled entry could not be installed "
+                                              f"({error!r}); compiling as usual")
+        raise RuntimeError(f"stableguards: saved entry not installed: {error}") from error
+
+
+def _forget(package: Any) -> None:
+    package._initialized = False
+    package._codes = {}
+    package._resume_codes = set()
+    package._cached_backends = {}
+    package._device_types = frozenset()
+
+
+def _convert_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
+    """Compile under the package, then save its entry: every compile, not only on request."""
+    package = getattr(self, "_package", None)
+    if package is not None and not package.is_initialized():
+        # torch.compile(fn) ran without initializing it (torch's caching_precompile
+        # was off there, e.g. stableguards' own hook fell back): torch would fail
+        # on it, so this compile goes without a package, as it would with the flag off.
+        self._package = package = None
+    key = _WARM.keys.get(package) if package is not None else None
+    if key is None:
+        return call(self, frame, *args, **kwargs)
+    from torch._dynamo.exc import BackendCompilerFailed, PackageError
+
+    token = _WARM.frame.set(_frame_name(frame.f_code))
+    try:
+        with _precompiling(True):
+            result = call(self, frame, *args, **kwargs)
+    except (BackendCompilerFailed, PackageError) as error:
+        # Compiling for a package bundles the AOTAutograd entry, which fails on
+        # some graphs (torch 2.15: "expected OutputCode" for a graph inductor
+        # hands back uncompiled).  This function goes on without a package.
+        self._package = None
+        STATE.manager.note_warm_start_left_out(_frame_name(frame.f_code), f"compiling it for a saved entry "
+                                                                          f"failed ({error!r:.200}); compiled "
+                                                                          f"as usual, and not saved")
+        return call.fn(self, frame, *args, **kwargs)
+    finally:
+        _WARM.frame.reset(token)
+    _save(package, key, _frame_name(frame.f_code))
+    return result
+
+
+def _save(package: Any, key: EntryKey, frame: str) -> None:
+    from torch._dynamo.package import DynamoCache
+
+    if not package.is_initialized() or not any(e.guarded_codes for e in package._codes.values()):
+        return
+    try:
+        DynamoCache.save_cache_entry(package.cache_entry(), key.digest)
+    except RuntimeError as error:
+        if "not found in the given backends" in str(error):
+            # A training graph's AOTAutograd entry exists once its backward has
+            # compiled, on first use: saved then (_record_artifact).
+            if package not in _WARM.pending:
+                STATE.manager.note_warm_start_pending(frame)
+            _WARM.pending[package] = (key, frame)
+            return
+        STATE.manager.note_warm_start_left_out(frame, f"not saved ({error})")
+        return
+    _WARM.pending.pop(package, None)
+    STATE.manager.note_warm_start_saved()
+    _WARM.saved_here.add(key.digest)
+    _write_index(key)
+
+
+def _record_artifact(call: Any, cls: Any, artifact: Any) -> None:
+    """A graph's compiled artifact arrived (a backward, compiled on first use): save the
+    packages that waited for one."""
+    call(cls, artifact)
+    for package, (key, frame) in list(_WARM.pending.items()):
+        _save(package, key, frame)
+
+
+def _bundle_autograd_entries(call: Any) -> bool:
+    """While warm start is in use, AOTAutograd entries are bundled (self-contained), as
+    torch bundles them under caching_precompile: a package saves its graphs from them.
+    Asked when a backward compiles on first use too, after the frame's compile."""
+    return bool(_WARM.keys) or call()
+
+
+def _bypass_package(call: Any, self: Any, reason: str = "", **kwargs: Any) -> None:
+    """A compile torch leaves out of the package: name it in explain()."""
+    frame = _WARM.frame.get()
+    if frame is not None and getattr(self, "package", None) is not None:
+        STATE.manager.note_warm_start_left_out(frame, reason)
+    return call(self, reason, **kwargs)
+
+
+def _check_function_manager(call: Any, self: Any, *args: Any, **kwargs: Any) -> None:
+    """Build guards with torch's precompile filter off: it drops identity guards from the
+    live entry.  Kept, they make serialize_guards refuse the compile (it is left
+    out of the package), so the entry never proves less than before."""
+    with _precompiling(False):
+        return call(self, *args, **kwargs)
+
+
+def _serialize_guards(call: Any, self: Any, builder: Any, sorted_guards: list, output_graph: Any) -> Any:
+    """Save four kinds of identity guard as checks that hold across processes.
+
+    torch refuses to save an id check (ids differ between processes), so every
+    nn.Module call (``MODULE_MATCH`` on ``G['torch']`` or Dynamo's
+    ``__import_*`` aliases) and every inlined function reached through a global
+    (``CLOSURE_MATCH``) would leave the entry out.  The saved entry gets the
+    same builder method under another name, which proves as much:
+
+    * ``MODULE_BY_NAME`` for a module that is ``sys.modules[its name]``: torch
+      saves the guarded scope with modules by name, so a restarted process
+      rebuilds "this global *is* ``importlib.import_module(name)``", an
+      identity check on the module of that name there, run on every call;
+    * ``CLASS_BY_NAME`` for a class its module holds under its qualname
+      (``isinstance(x, Config)``): pickle saves it by reference, so the check
+      is identity with the class of that name in the restarted process;
+    * ``ID_BY_NAME`` for a builtin function its module holds under its name
+      (``all``, ``operator.index``): pickled by reference, so identity with the
+      builtin of that name;
+    * ``CLOSURE_BY_NAME`` for a function its module holds under its qualname:
+      torch's check for a Python function is identity of its ``__code__``;
+      the guard pickler saves such a function by reference, so a restarted
+      process checks the live function's code against the code of the
+      function of that name there.  (A local function is saved by value: its
+      check could never pass, so it stays an identity guard.)  Its closure
+      cells and globals are guarded on their own.
+
+    Code behind those names is the cold run's: torch checks its version and
+    the source lines of every function the entry inlined before installing.
+    The live entry keeps torch's own guards; every other identity guard still
+    makes torch refuse the compile, so the entry is left out.
+    """
+    import dataclasses
+
+    saved = []
+    for guard in sorted_guards:
+        replacement = _replacement(guard, builder)
+        if replacement is not None:
+            _keep_builtin(self, guard, output_graph)
+            guard = dataclasses.replace(guard, create_fn=replacement, guard_types=None)
+        saved.append(guard)
+    return call(self, builder, saved, output_graph)
+
+
+def _keep_builtin(manager: Any, guard: Any, output_graph: Any) -> None:
+    """A guard on ``__builtins_dict__['all']`` needs ``all`` in the saved builtins, which
+    torch prunes to the names its own BUILTIN_MATCH guards recorded."""
+    from torch._dynamo.source import DictGetItemSource, GlobalSource
+
+    source = guard.originating_source
+    if (isinstance(source, DictGetItemSource) and isinstance(source.index, str)
+            and isinstance(source.base, GlobalSource)
+            and source.base.global_name == output_graph.name_of_builtins_dict_key_in_fglobals):
+        manager.used_builtin_vars.add(source.index)
+
+
+def _replacement(guard: Any, builder: Any) -> Any:
+    import sys
+    import types
+
+    kind = guard.create_fn_name()
+    # An id check is what MODULE_MATCH and CLASS_MATCH run; CLOSURE_MATCH must not fall back to one.
+    if kind not in _REPLACEMENTS or not set(guard.guard_types or ()) <= {kind, *_ID_CHECKS.get(kind, ())}:
+        return None
+    value = builder.get(guard)
+    if kind == "MODULE_MATCH":
+        sound = isinstance(value, types.ModuleType) and sys.modules.get(value.__name__) is value
+    elif kind == "CLASS_MATCH":
+        sound = isinstance(value, type) and _importable(value)
+    elif kind == "ID_MATCH":  # on a builtin function (all, operator.index): pickled by name
+        sound = isinstance(value, types.BuiltinFunctionType) and _importable(value)
+    else:  # CLOSURE_MATCH on a plain function is a check of its code (else torch uses FUNCTION_MATCH)
+        sound = type(value) is types.FunctionType and _importable(value)
+    return _REPLACEMENTS[kind] if sound else None
+
+
+def _importable(obj: Any) -> bool:
+    """What its module holds under its qualname: what a restarted process finds by that name.
+
+    A local function (a closure) is not: the saved scope carries its code by
+    value, and the check (``__code__`` identity) could then never pass.
+    """
+    import functools
+    import sys
+
+    module = sys.modules.get(obj.__module__)
+    try:
+        return functools.reduce(getattr, obj.__qualname__.split("."), module) is obj
+    except AttributeError:
+        return False
+
+
+def _same_check_as(kind: str) -> Any:
+    def check(builder: Any, guard: Any) -> None:
+        getattr(type(builder), kind)(builder, guard)
+
+    check.__name__ = check.__qualname__ = kind.replace("_MATCH", "_BY_NAME")
+    return check
+
+
+# torch's own check, under a name torch saves; module-level so the saved entry
+# refers to it by name.
+MODULE_BY_NAME = _same_check_as("MODULE_MATCH")
+CLASS_BY_NAME = _same_check_as("CLASS_MATCH")
+CLOSURE_BY_NAME = _same_check_as("CLOSURE_MATCH")
+ID_BY_NAME = _same_check_as("ID_MATCH")
+_REPLACEMENTS = {"MODULE_MATCH": MODULE_BY_NAME, "CLASS_MATCH": CLASS_BY_NAME, "CLOSURE_MATCH": CLOSURE_BY_NAME,
+                 "ID_MATCH": ID_BY_NAME}
+_ID_CHECKS = {"MODULE_MATCH": ("ID_MATCH",), "CLASS_MATCH": ("ID_MATCH",)}
+
+
+# --- explanations: which component of the key changed ---------------------------------
+
+def _index_path(parts: dict[str, str]) -> Path:
+    """One file per function (and receiver class, for code models share)."""
+    name = hashlib.sha256(f"{parts['module']}:{parts['qualname']}:{parts['receiver']}".encode()).hexdigest()[:32]
+    return cache_subdir("warm_start") / f"{name}.json"
+
+
+def _write_index(key: EntryKey) -> None:
+    """The last saved key per function, so a later miss can name what changed."""
+    path = _index_path(dict(key.components))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(key.as_json()))
+    os.replace(tmp, path)
+
+
+def _explain_miss(fn: Any, key: EntryKey) -> None:
+    path = _index_path(dict(key.components))
+    try:
+        saved = EntryKey.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return  # nothing saved for this function: a cold start, nothing to explain
+    if saved.digest != key.digest:
+        STATE.manager.note_warm_start_miss(_describe(fn), key.differences(saved))
+
+
+def _describe(fn: Any) -> str:
+    target = getattr(fn, "forward", fn) if _is_module(fn) else fn
+    code = getattr(getattr(target, "__func__", target), "__code__", None)
+    return _frame_name(code) if code is not None else repr(fn)
+
+
+def _frame_name(code: Any) -> str:
+    return f"{code.co_name} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
+
+
+HOOKS = [
+    Hook("torch._dynamo.eval_frame", "_optimize", "precompile", _optimize, params=("backend", "package")),
+    Hook("torch._dynamo.eval_frame", "_TorchDynamoContext.__call__", "precompile", _context_call,
+         params=("fn",)),
+    Hook(_PACKAGE, "CompilePackage.source_id_from_fn", "precompile", _source_id_from_fn, params=("fn",)),
+    Hook(_PACKAGE, "CompilePackage.initialize", "precompile", _initialize, params=("fn", "dynamo")),
+    Hook(_PACKAGE, "CompilePackage.install", "precompile", _install, params=("backends",)),
+    # Feature detection only: per-compile bypass (see the module docstring).
+    Hook(_PACKAGE, "CompilePackage.bypass_current_compile", "precompile", lambda call, *a, **k: call(*a, **k)),
+    Hook("torch._dynamo.convert_frame", "ConvertFrameAssert.__call__", "precompile", _convert_frame,
+         params=("frame",)),
+    Hook("torch._dynamo.output_graph", "OutputGraph.bypass_package", "precompile", _bypass_package,
+         params=("reason",)),
+    Hook("torch._dynamo.precompile_context", "PrecompileContext.record_artifact", "precompile", _record_artifact,
+         params=("artifact",)),
+    # should_bundle_autograd_cache and graph_compile's by-name copy of it (lazy: they
+    # import inductor).
+    Hook(_AUTOGRAD_CACHE, "should_bundle_autograd_cache", "precompile", _bundle_autograd_entries, lazy=True),
+    Hook("torch._functorch._aot_autograd.graph_compile", "should_bundle_autograd_cache", "precompile",
+         _bundle_autograd_entries, lazy=True),
+    Hook("torch._dynamo.guards", "CheckFunctionManager.__init__", "precompile", _check_function_manager),
+    Hook("torch._dynamo.guards", "CheckFunctionManager.serialize_guards", "precompile", _serialize_guards,
+         params=("builder", "sorted_guards", "output_graph")),
+]

@@ -1,0 +1,132 @@
+"""Which saved Dynamo entry a restarted process may install: the entry's identity.
+
+torch can save a compiled frame (its guards, transformed bytecode and graph
+artifacts) and install it in a new process without tracing again
+(``torch._dynamo.package``).  It finds the entry by ``sha256(qualname + first
+line)`` alone, so ``pkg_a.mod.f`` and ``pkg_b.mod.f`` at the same line share one,
+every ``model.compile()`` shares ``Module._call_impl``'s, and neither the
+backend, its options nor the compiler configuration take part: a warm process
+could run another backend's code.
+
+Here the entry's identity is an ordered list of named components, hashed into
+the key the entry is stored under (as JAX builds its compilation cache key):
+torch's own key first, then what it leaves out.  Each component is kept beside
+the entry, so a miss can say which component changed.  Everything here is
+plain Python; ``stableguards.hooks.precompile`` feeds it torch's objects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import types
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EntryKey:
+    """What a saved entry must match: named components, in order, and their digest."""
+
+    components: tuple[tuple[str, str], ...]
+
+    @property
+    def digest(self) -> str:
+        text = "\n".join(f"{name}={value}" for name, value in self.components)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def differences(self, other: EntryKey) -> list[str]:
+        """The components that tell ``self`` from ``other``, in order."""
+        mine, theirs = dict(self.components), dict(other.components)
+        names = [n for n, _ in self.components] + [n for n, _ in other.components if n not in mine]
+        return [f"{n}: {_short(mine.get(n, '(absent)'))} vs {_short(theirs.get(n, '(absent)'))}"
+                for n in names if mine.get(n) != theirs.get(n)]
+
+    def as_json(self) -> list[list[str]]:
+        return [list(c) for c in self.components]
+
+    @classmethod
+    def from_json(cls, data: Iterable[Iterable[str]]) -> EntryKey:
+        return cls(tuple((str(name), str(value)) for name, value in data))
+
+
+def entry_key(*, torch_key: str, fn: Any, backend: str, options: Mapping[str, Any],
+              configs: Mapping[str, Mapping[str, Any]]) -> EntryKey:
+    """The identity of ``fn``'s entry.
+
+    ``fn`` is what torch.compile was given, after unwrapping: a function or a
+    bound method, whose receiver's class names the code it shares
+    (``Module._call_impl``).  ``backend`` is the backend's stable fingerprint;
+    ``options`` the other arguments of ``torch.compile`` that change what is
+    traced (``dynamic``); ``configs`` the compiler configurations by name.
+    """
+    function = getattr(fn, "__func__", fn)
+    code = function.__code__
+    receiver = getattr(fn, "__self__", None)
+    components = [
+        ("torch_key", torch_key),
+        ("module", str(getattr(function, "__module__", None))),
+        ("qualname", function.__qualname__),
+        ("file", code.co_filename),
+        ("code", code_digest(code)),
+        ("receiver", _qualified(type(receiver)) if receiver is not None else "-"),
+        ("backend", backend),
+    ]
+    components += [(f"option.{name}", stable_repr(value)) for name, value in sorted(options.items())]
+    components += [(f"config.{name}", config_digest(values)) for name, values in configs.items()]
+    return EntryKey(tuple(components))
+
+
+def code_digest(code: types.CodeType) -> str:
+    """A hash of what a code object does, the same in every process.
+
+    ``marshal.dumps`` is not: it writes back-references depending on reference
+    counts.  So the bytecode, names and constants are hashed directly, nested
+    code objects (lambdas, comprehensions) included.
+    """
+    digest = hashlib.sha256()
+    _feed_code(digest, code)
+    return digest.hexdigest()
+
+
+def _feed_code(digest: Any, code: types.CodeType) -> None:
+    digest.update(code.co_code)
+    for names in (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars):
+        digest.update(repr(names).encode())
+    digest.update(repr((code.co_argcount, code.co_kwonlyargcount, code.co_flags)).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _feed_code(digest, const)
+        else:
+            digest.update(stable_repr(const).encode())
+
+
+def config_digest(values: Mapping[str, Any]) -> str:
+    """A configuration's settings, hashed in a way that does not depend on the process."""
+    text = "\n".join(f"{name}={stable_repr(value)}" for name, value in sorted(values.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def stable_repr(value: Any) -> str:
+    """``repr`` with sets sorted, so string hashing's per-process seed does not show.
+
+    An object whose ``repr`` carries its address differs in every process: its
+    entry is then never found again, which costs a compile and is never wrong.
+    """
+    if isinstance(value, (set, frozenset)):
+        return f"{type(value).__name__}({sorted(stable_repr(v) for v in value)})"
+    if isinstance(value, dict):
+        items = sorted((stable_repr(k), stable_repr(v)) for k, v in value.items())
+        return "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}"
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(stable_repr(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+    return repr(value)
+
+
+def _qualified(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
+
+
+def _short(value: str) -> str:
+    return value if len(value) <= 80 else value[:77] + "..."

@@ -1,0 +1,279 @@
+"""Warm start: a restarted process installs the cold run's entries, and never a wrong one.
+
+The entry key (stableguards.warm_start) is plain logic, tested here directly.
+The campaign runs a cold and a warm process (inductor on CPU) over case
+modules written for each: every case twice, once unchanged between the runs
+and once changed in one way that must not be served the cold entry (a global,
+a closure value, a default argument, the body, an isinstance check's class,
+the backend (from disk, and
+in the same process after a load), an inductor
+option, the same qualname in another module, another model through
+``model.compile()``, a swapped submodule, a swapped global function).  Values
+are drawn from a seeded random source; STABLEGUARDS_WARM_CAMPAIGN_SEEDS=N runs
+N seeds (CI: 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from stableguards.warm_start import EntryKey, code_digest, entry_key, stable_repr
+
+CHILD = Path(__file__).resolve().parent / "_warm_start_child.py"
+
+
+# --- the key ------------------------------------------------------------------------
+
+def _f(x):
+    return x + 1
+
+
+def _g(x):
+    return x + 2
+
+
+class _Holder:
+    def method(self, x):
+        return x
+
+
+def test_key_names_what_torch_leaves_out_and_a_miss_names_the_component():
+    base = dict(torch_key="t", fn=_f, backend="inductor #1", options={"dynamic": None},
+                configs={"inductor": {"a": 1}})
+    key = entry_key(**base)
+    names = [name for name, _ in key.components]
+    assert names[:7] == ["torch_key", "module", "qualname", "file", "code", "receiver", "backend"]
+    assert key == entry_key(**base) and key.digest == entry_key(**base).digest
+    other = entry_key(**{**base, "backend": "inductor #2", "configs": {"inductor": {"a": 2}}})
+    assert [d.split(":")[0] for d in key.differences(other)] == ["backend", "config.inductor"]
+    assert entry_key(**{**base, "fn": _g}).digest != key.digest  # another body, another key
+    assert EntryKey.from_json(json.loads(json.dumps(key.as_json()))) == key
+
+
+def test_a_shared_method_is_keyed_by_its_receivers_class():
+    class Other(_Holder):
+        pass
+
+    a = entry_key(torch_key="t", fn=_Holder().method, backend="b", options={}, configs={})
+    b = entry_key(torch_key="t", fn=Other().method, backend="b", options={}, configs={})
+    assert [d.split(":")[0] for d in a.differences(b)] == ["receiver"]
+
+
+def test_code_digest_and_config_repr_are_the_same_in_every_process():
+    """marshal.dumps is not (reference flags), nor a set's order under hash randomization."""
+    script = textwrap.dedent("""
+        import sys
+        sys.path.insert(0, %r)
+        from stableguards.warm_start import code_digest, stable_repr
+        def f(x, k=3):
+            return [y * k for y in x if y > {"a", "b"}.__len__()]
+        print(code_digest(f.__code__), stable_repr({"s": {"x", "y", "z"}, "l": [1, 2.5]}))
+    """ % str(Path(__file__).resolve().parent.parent))
+    outputs = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in (1, 2, 3)}
+    assert len(outputs) == 1 and outputs != {""}
+
+
+def test_code_digest_sees_nested_code_and_constants():
+    def a(x):
+        return (lambda y: y + 1)(x)
+
+    def b(x):
+        return (lambda y: y + 2)(x)
+
+    assert code_digest(a.__code__) != code_digest(b.__code__)
+    assert stable_repr(frozenset({3, 1, 2})) == "frozenset(['1', '2', '3'])"
+
+
+# --- the campaign ---------------------------------------------------------------------
+
+# model.compile() compiles Module._call_impl, one code object for every model: torch installs
+# saved entries for one package per code object, so only the first such model of a process
+# starts warm.  torch.compile(model) compiles the class's own forward.
+METHOD = '{"method": True}'
+MODULES = {"relu": "ReLU", "gelu": "GELU", "silu": "SiLU", "sigmoid": "Sigmoid"}
+
+
+def _case_sources(rng: random.Random) -> dict[str, tuple[str, str]]:
+    """Case name -> (cold source, changed source).  Each module defines build()."""
+    a, b = rng.sample([1.5, 2.0, 2.5, 3.0, 4.0], 2)
+    k1, k2 = rng.sample(range(2, 9), 2)
+    op1, op2 = rng.sample(["sin", "cos", "tanh", "exp"], 2)
+    act1, act2 = rng.sample(["relu", "gelu", "silu", "sigmoid"], 2)
+    fusion = rng.choice([True, False])
+    cfg1, cfg2 = rng.sample(["A", "B"], 2)
+    fn_case = "def build():\n    return fn, {how}\n"
+
+    def function(body: str, how: str = "{}") -> str:
+        return "import torch\nimport torch.nn.functional as F\n" + body + fn_case.format(how=how)
+
+    model = textwrap.dedent("""\
+        import torch
+
+        class {cls}(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.act = torch.nn.{act}()
+
+            def forward(self, x):
+                return self.act(x) * {k}
+
+        def build():
+            return {cls}(), {how}
+        """)
+    return {
+        "global_value": (function(f"SCALE = {a}\ndef fn(x):\n    return x.sin() * SCALE\n"),
+                         function(f"SCALE = {b}\ndef fn(x):\n    return x.sin() * SCALE\n")),
+        "closure_value": (function(f"def make(k):\n    def fn(x):\n        return x.cos() + k\n    return fn\n"
+                                   f"fn = make({k1})\n"),
+                          function(f"def make(k):\n    def fn(x):\n        return x.cos() + k\n    return fn\n"
+                                   f"fn = make({k2})\n")),
+        "default_arg": (function(f"def fn(x, k={k1}):\n    return x * k + 1\n"),
+                        function(f"def fn(x, k={k2}):\n    return x * k + 1\n")),
+        "body": (function(f"def fn(x):\n    return x.{op1}() + 1\n"),
+                 function(f"def fn(x):\n    return x.{op2}() + 1\n")),
+        "global_function": (function(f"ACT = F.{act1}\ndef fn(x):\n    return ACT(x) * 2\n"),
+                            function(f"ACT = F.{act2}\ndef fn(x):\n    return ACT(x) * 2\n")),
+        "class_check": (function(f"class A:\n    pass\nclass B:\n    pass\nCFG = {cfg1}()\n"
+                                 "def fn(x):\n    return x + 1 if isinstance(CFG, A) else x - 1\n"),
+                        function(f"class A:\n    pass\nclass B:\n    pass\nCFG = {cfg2}()\n"
+                                 "def fn(x):\n    return x + 1 if isinstance(CFG, A) else x - 1\n")),
+        "backend": (function("def fn(x):\n    return x.sin() * 3\n"),
+                    function("def fn(x):\n    return x.sin() * 3\n", '{"backend": "counting"}')),
+        # Loaded in the warm process, then compiled there once more under another backend.
+        "backend_in_process": (function("def fn(x):\n    return x.cos() * 5\n", '{"then_counting": True}'),
+                               function("def fn(x):\n    return x.cos() * 5\n", '{"then_counting": True}')),
+        "inductor_option": (function("def fn(x):\n    return x.sin().relu() * 3\n",
+                                     f'{{"options": {{"epilogue_fusion": {fusion}}}}}'),
+                            function("def fn(x):\n    return x.sin().relu() * 3\n",
+                                     f'{{"options": {{"epilogue_fusion": {not fusion}}}}}')),
+        # Same qualname and line in another module: the cold run compiles one, the warm the other.
+        "qualname_a": (function(f"def fn(x):\n    return x * {k1}\n"), function(f"def fn(x):\n    return x * {k1}\n")),
+        "qualname_b": (function(f"def fn(x):\n    return x * {k2}\n"), function(f"def fn(x):\n    return x * {k2}\n")),
+        "model_class": (model.format(cls="ModelA", act="ReLU", k=k1, how=METHOD),
+                        model.format(cls="ModelB", act="ReLU", k=k2, how=METHOD)),
+        "model_attribute": (model.format(cls="Model", act=MODULES[act1], k=k1, how="{}"),
+                            model.format(cls="Model", act=MODULES[act2], k=k1, how="{}")),
+    }
+
+
+def _write(src: Path, sources: dict[str, str]) -> None:
+    src.mkdir(parents=True, exist_ok=True)
+    for name, text in sources.items():
+        (src / f"{name}.py").write_text(text)
+
+
+def _run(src: Path, cache: Path, names: list[str]) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED="random")
+    proc = subprocess.run([sys.executable, str(CHILD), str(src), *names], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _warm_start_available() -> bool:
+    import torch._dynamo  # noqa: F401 - installs the hooks
+
+    from stableguards.hooks import STATE
+
+    return "precompile" in STATE.installed
+
+
+SEEDS = range(int(os.environ.get("STABLEGUARDS_WARM_CAMPAIGN_SEEDS", "1")))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_warm_process_is_never_served_an_entry_that_does_not_match(tmp_path, seed):
+    if not _warm_start_available():
+        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
+    cases = _case_sources(random.Random(seed))
+    # Every case twice: "_same" keeps the cold source, "_changed" takes the other one.
+    cold = {f"{n}_{v}": c for n, (c, _) in cases.items() for v in ("same", "changed")}
+    warm = {f"{n}_same": c for n, (c, _) in cases.items()} | {f"{n}_changed": w for n, (_, w) in cases.items()}
+    cold_names = [n for n in cold if not n.startswith("qualname_b")]
+    warm_names = [n for n in warm if not n.startswith("qualname_a")]
+    _write(tmp_path / "src", {n: cold[n] for n in cold_names})
+    first = _run(tmp_path / "src", tmp_path / "cache", cold_names)
+    _write(tmp_path / "src", {n: warm[n] for n in warm_names})
+    second = _run(tmp_path / "src", tmp_path / "cache", warm_names)
+    report = json.dumps(second["cases"], indent=1) + "\n" + second["explain"]
+
+    assert all(c["matches"] for c in first["cases"].values()), first
+    assert all(c["matches"] for c in second["cases"].values()), report
+    # The counting backend was called: no inductor entry served it, from disk or installed.
+    assert second["cases"]["backend_changed"]["counting_calls"] >= 1, report
+    assert second["cases"]["backend_in_process_same"]["counting_calls"] >= 1, report
+    # Another inductor option, another module of the same qualname, another model class:
+    # traced, not installed.
+    for name in ("inductor_option_changed", "qualname_b_changed", "model_class_changed", "body_changed"):
+        assert second["cases"][name]["frames"] >= 1, (name, report)
+    # Unchanged cases whose guards can all be saved start warm: nothing traced.
+    for name in ("global_value_same", "closure_value_same", "default_arg_same", "body_same",
+                 "global_function_same", "class_check_same", "backend_same", "inductor_option_same", "model_class_same",
+                 "model_attribute_same"):
+        assert second["cases"][name]["frames"] == 0, (name, report)
+
+
+# --- falling back ---------------------------------------------------------------------
+
+def _restart_in_process() -> None:
+    """What a new process would see: Dynamo's caches empty, nothing saved by this process."""
+    import torch._dynamo
+
+    from stableguards.hooks import STATE
+
+    torch._dynamo.reset()
+    STATE.warm.saved_here.clear()
+    STATE.warm.contexts.clear()
+    STATE.warm.installed.clear()
+
+
+def test_a_corrupt_or_failing_entry_compiles_as_usual(tmp_path, monkeypatch, caplog):
+    """A truncated entry file, then an install that raises: each time the function compiles
+    in the same process, equals eager, and the user's call never fails."""
+    import logging
+
+    import torch
+    import torch._C._dynamo.eval_frame
+    import torch._dynamo.utils as dynamo_utils
+
+    if not _warm_start_available():
+        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+
+    def f(x):
+        return x.sin() * 3 - 1
+
+    x = torch.randn(8)
+    with torch._dynamo.config.patch(stable_guards=True):
+        _restart_in_process()
+        torch.testing.assert_close(torch.compile(f)(x), f(x))  # cold: saved
+        [entry] = (tmp_path / "dynamo").glob("*/entry")
+        entry.write_bytes(entry.read_bytes()[:64])
+        _restart_in_process()
+        frames = dynamo_utils.counters["frames"]["total"]
+        torch.testing.assert_close(torch.compile(f)(x), f(x))
+        assert dynamo_utils.counters["frames"]["total"] == frames + 1  # traced again
+
+        def broken(*args):
+            raise KeyError("injected: the entry cannot be attached to its code")
+
+        _restart_in_process()
+        torch.testing.assert_close(torch.compile(f)(x), f(x))  # loads what the compile above saved
+        _restart_in_process()
+        monkeypatch.setattr(torch._C._dynamo.eval_frame, "_load_precompile_entry", broken)
+        frames = dynamo_utils.counters["frames"]["total"]
+        with caplog.at_level(logging.WARNING):
+            torch.testing.assert_close(torch.compile(f)(x), f(x))
+        assert dynamo_utils.counters["frames"]["total"] == frames + 1
+        _restart_in_process()
+    assert any("could not be installed" in r.getMessage() for r in caplog.records)
+

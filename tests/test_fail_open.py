@@ -76,9 +76,7 @@ def warm_start_calls() -> None:
         torch.testing.assert_close(torch.compile(saved)(x), x.cos() * 2)
         torch.testing.assert_close(torch.compile(left_out)(x), x + 1)
         torch._dynamo.reset()
-        STATE.warm.saved_here.clear()
-        STATE.warm.contexts.clear()
-        STATE.warm.installed.clear()
+        STATE.warm.forget_process()
 
 
 def workload_for(hook) -> None:

@@ -231,9 +231,7 @@ def _restart_in_process() -> None:
     from stableguards.hooks import STATE
 
     torch._dynamo.reset()
-    STATE.warm.saved_here.clear()
-    STATE.warm.contexts.clear()
-    STATE.warm.installed.clear()
+    STATE.warm.forget_process()
 
 
 def test_a_corrupt_or_failing_entry_compiles_as_usual(tmp_path, monkeypatch, caplog):

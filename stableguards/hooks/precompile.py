@@ -11,9 +11,10 @@ saving and installing.  Alone it is unsafe; here, with the flag on:
   inductor and functorch configurations, not only qualname and first line;
 * no guard is dropped.  torch drops identity guards (``ID_MATCH``,
   ``CLOSURE_MATCH``, ``DICT_VERSION`` and what derives from them) under
-  ``caching_precompile``, in the live process too.  They are kept here, so
-  ``serialize_guards`` refuses them and the compile is left out of the entry
-  (torch's per-compile bypass): the live entry keeps its full guards, and a
+  ``caching_precompile``, in the live process too.  They are kept here: those
+  on objects a restarted process finds by name are saved as checks by name
+  (``_serialize_guards``); any other makes ``serialize_guards`` refuse the
+  compile, which is left out of the entry (torch's per-compile bypass), so a
   warm process traces that frame again;
 * a load or install that fails falls back to a normal compile, with one warning.
 
@@ -27,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import logging
 import os
 import uuid
 import weakref
@@ -36,9 +36,8 @@ from typing import Any
 
 from stableguards.hooks.core import Hook, cache_subdir, registered_name
 from stableguards.hooks.state import STATE
+from stableguards.pgo.store import atomic_write
 from stableguards.warm_start import EntryKey, entry_key
-
-log = logging.getLogger("stableguards")
 
 _PACKAGE = "torch._dynamo.package"
 _AUTOGRAD_CACHE = "torch._functorch._aot_autograd.autograd_cache"
@@ -86,18 +85,19 @@ def _context_call(call: Any, self: Any, fn: Any) -> Any:
     another one loads nothing.  Both then compile as usual.
     """
     package = getattr(self, "_package", None)
-    code = _code_of(fn)
     if package is not None and package.is_initialized():
         return call(self, fn)
-    key = _key_for(package, fn) if package is not None else None
-    if code is not None and not _claim(code, key.digest if key is not None else None, fn):
+    target = _target(fn)
+    code = getattr(getattr(target, "__func__", target), "__code__", None)
+    key = _key_for(package, target, code) if package is not None else None
+    if code is not None and not _claim(code, key.digest if key is not None else None):
         key = None
+    if package is None:
+        return call(self, fn)
     # Warm start is for a restarted process.  An entry this process saved itself
     # is not loaded back (after torch._dynamo.reset(), say): torch's own caches
     # serve that compile, as without the flag.
     loadable = key is not None and key.digest not in _WARM.saved_here
-    if package is None:
-        return call(self, fn)
     # A package with no key of ours (a backend with an identity, code we cannot
     # hash, a shared code object) still needs torch's initialization; a fresh
     # random key finds nothing, and it is never saved.
@@ -113,13 +113,13 @@ def _context_call(call: Any, self: Any, fn: Any) -> Any:
         _WARM.keys[package] = key
         if _dynamo_cache_hits() > hits:
             _WARM.installed[code] = (key.digest, weakref.ref(package))
-            STATE.manager.note_warm_start_loaded(_describe(fn))
+            STATE.manager.note_warm_start_loaded(_frame_name(code))
         else:
-            _explain_miss(fn, key)
+            _explain_miss(code, key)
     return result
 
 
-def _claim(code: Any, digest: str | None, fn: Any) -> bool:
+def _claim(code: Any, digest: str | None) -> bool:
     """Record a compiled context for ``code``; whether it may load and save entries."""
     mine = digest or "other"
     installed = _WARM.installed.get(code)
@@ -129,28 +129,27 @@ def _claim(code: Any, digest: str | None, fn: Any) -> bool:
             package.uninstall()
         del _WARM.installed[code]
         STATE.manager.note_warm_start_left_out(
-            _describe(fn), "its installed entry was removed: another compiled context (backend, options "
-                           "or receiver class) runs the same code in this process")
+            _frame_name(code), "its installed entry was removed: another compiled context (backend, options "
+                               "or receiver class) runs the same code in this process")
     seen = _WARM.contexts.setdefault(code, set())
     others = seen - {mine}
     seen.add(mine)
     return digest is not None and not others
 
 
-def _code_of(fn: Any) -> Any:
+def _target(fn: Any) -> Any:
+    """What torch.compile(fn) compiles and keys by: a module's forward, unwrapped."""
+    import torch
     from torch._dynamo.eval_frame import innermost_fn
 
-    target = innermost_fn(fn.forward if _is_module(fn) else fn)
-    return getattr(getattr(target, "__func__", target), "__code__", None)
+    return innermost_fn(fn.forward if isinstance(fn, torch.nn.Module) else fn)
 
 
-def _key_for(package: Any, fn: Any) -> EntryKey | None:
-    from torch._dynamo.eval_frame import innermost_fn
+def _key_for(package: Any, target: Any, code: Any) -> EntryKey | None:
     from torch._dynamo.package import CompilePackage
 
     backend = _WARM.backends.get(package)
-    target = innermost_fn(fn.forward if _is_module(fn) else fn)
-    if backend is None or not hasattr(getattr(target, "__func__", target), "__code__"):
+    if backend is None or code is None:
         return None
     return entry_key(torch_key=CompilePackage.source_id_from_fn(target), fn=target,
                      backend=backend["backend"], options={"dynamic": backend["dynamic"]},
@@ -167,12 +166,6 @@ def _configs() -> dict[str, dict[str, Any]]:
     dynamo = {k: v for k, v in dynamo_config.get_config_copy().items() if k not in (FLAG, "caching_precompile")}
     return {"dynamo": dynamo, "inductor": inductor_config.get_config_copy(),
             "functorch": functorch_config.get_config_copy()}
-
-
-def _is_module(fn: Any) -> bool:
-    import torch
-
-    return isinstance(fn, torch.nn.Module)
 
 
 def _dynamo_cache_hits() -> int:
@@ -429,25 +422,17 @@ def _write_index(key: EntryKey) -> None:
     """The last saved key per function, so a later miss can name what changed."""
     path = _index_path(dict(key.components))
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(key.as_json()))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(key.as_json()).encode())
 
 
-def _explain_miss(fn: Any, key: EntryKey) -> None:
+def _explain_miss(code: Any, key: EntryKey) -> None:
     path = _index_path(dict(key.components))
     try:
         saved = EntryKey.from_json(json.loads(path.read_text()))
     except (OSError, ValueError):
         return  # nothing saved for this function: a cold start, nothing to explain
     if saved.digest != key.digest:
-        STATE.manager.note_warm_start_miss(_describe(fn), key.differences(saved))
-
-
-def _describe(fn: Any) -> str:
-    target = getattr(fn, "forward", fn) if _is_module(fn) else fn
-    code = getattr(getattr(target, "__func__", target), "__code__", None)
-    return _frame_name(code) if code is not None else repr(fn)
+        STATE.manager.note_warm_start_miss(_frame_name(code), key.differences(saved))
 
 
 def _frame_name(code: Any) -> str:

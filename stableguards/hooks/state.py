@@ -52,6 +52,13 @@ class WarmStartTables:
         # Packages whose save waits for a graph compiled later (a backward) -> (key, frame).
         self.pending: weakref.WeakKeyDictionary[Any, tuple[Any, str]] = weakref.WeakKeyDictionary()
 
+    def forget_process(self) -> None:
+        """What a restarted process would not know: what it saved and installed, and which
+        contexts it made (for tests that restart within one process)."""
+        self.saved_here.clear()
+        self.contexts.clear()
+        self.installed.clear()
+
 
 class ProcessState:
     """What stableguards keeps for this process."""

@@ -26,6 +26,7 @@ function's whole entry, and 2.13's install breaks a later in-process recompile.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -227,6 +228,7 @@ def _convert_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) 
     from torch._dynamo.exc import BackendCompilerFailed, PackageError
 
     token = _WARM.frame.set(_frame_name(frame.f_code))
+    bundling = _WARM.bundling_for_us.set(not _user_bundles())
     try:
         with _precompiling(True):
             result = call(self, frame, *args, **kwargs)
@@ -241,17 +243,22 @@ def _convert_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) 
         return call.fn(self, frame, *args, **kwargs)
     finally:
         _WARM.frame.reset(token)
+        _WARM.bundling_for_us.reset(bundling)
     _save(package, key, _frame_name(frame.f_code))
     return result
 
 
 def _save(package: Any, key: EntryKey, frame: str) -> None:
     from torch._dynamo.package import DynamoCache
+    from torch.compiler._cache import CacheArtifactManager
 
     if not package.is_initialized() or not any(e.guarded_codes for e in package._codes.values()):
         return
     try:
-        DynamoCache.save_cache_entry(package.cache_entry(), key.digest)
+        # Written to disk only: torch's mega-cache (save_cache_artifacts) records
+        # what the user's settings make torch save, and these entries are ours.
+        with CacheArtifactManager.with_fresh_cache():
+            DynamoCache.save_cache_entry(package.cache_entry(), key.digest)
     except RuntimeError as error:
         if "not found in the given backends" in str(error):
             # A training graph's AOTAutograd entry exists once its backward has
@@ -281,6 +288,41 @@ def _bundle_autograd_entries(call: Any) -> bool:
     torch bundles them under caching_precompile: a package saves its graphs from them.
     Asked when a backward compiles on first use too, after the frame's compile."""
     return bool(_WARM.keys) or call()
+
+
+def _user_bundles() -> bool:
+    """Whether torch would bundle AOTAutograd entries with the user's settings alone."""
+    import torch._dynamo.config as dynamo_config
+    import torch._functorch.config as functorch_config
+
+    return bool(functorch_config.bundled_autograd_cache or dynamo_config.caching_precompile)
+
+
+def _count_bundled_hit(call: Any, self: Any, example_inputs: Any) -> Any:
+    """An inductor graph served from a bundled AOTAutograd entry counts as an FX-graph
+    cache hit when only warm start bundles: unbundled, the same AOTAutograd hit
+    reads the graph from the FX-graph cache and counts it there, and users read
+    ``fxgraph_cache_hit`` to see how much of a compile a cache saved."""
+    result = call(self, example_inputs)
+    if _WARM.bundling_for_us.get():
+        from torch._dynamo.utils import counters
+
+        counters["inductor"]["fxgraph_cache_hit"] += 1
+    return result
+
+
+def _reduce_aot_config(call: Any, self: Any, aot_config: Any) -> Any:
+    """AOTAutograd's cache key without the package's backend id.
+
+    A package compile names its graph ``__compiled_fn_N_<uuid>``, new per
+    compile, and torch puts that name in the AOTAutograd key, so every frame
+    compiled under a package missed the AOTAutograd cache.  The name only labels
+    the bundled artifact; on a hit torch records the artifact under the current
+    compile's name, never the cached one.  So two keys that differ only there
+    stand for the same compiled graph."""
+    if getattr(aot_config, "precompile_backend_id", None) is not None:
+        aot_config = dataclasses.replace(aot_config, precompile_backend_id=None)
+    return call(self, aot_config)
 
 
 def _bypass_package(call: Any, self: Any, reason: str = "", **kwargs: Any) -> None:
@@ -459,6 +501,10 @@ HOOKS = [
     Hook(_AUTOGRAD_CACHE, "should_bundle_autograd_cache", "precompile", _bundle_autograd_entries, lazy=True),
     Hook("torch._functorch._aot_autograd.graph_compile", "should_bundle_autograd_cache", "precompile",
          _bundle_autograd_entries, lazy=True),
+    Hook("torch._functorch._aot_autograd.aot_autograd_result", "BundledOutputCodeLoadable.load", "precompile",
+         _count_bundled_hit, params=("example_inputs",), lazy=True),
+    Hook(_AUTOGRAD_CACHE, "AOTAutogradCachePickler._reduce_aot_config", "precompile", _reduce_aot_config,
+         params=("aot_config",), lazy=True),
     Hook("torch._dynamo.guards", "CheckFunctionManager.__init__", "precompile", _check_function_manager),
     Hook("torch._dynamo.guards", "CheckFunctionManager.serialize_guards", "precompile", _serialize_guards,
          params=("builder", "sorted_guards", "output_graph")),

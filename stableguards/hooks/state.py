@@ -39,6 +39,10 @@ class WarmStartTables:
         # The frame being compiled (for explanations of a compile left out).
         self.frame: contextvars.ContextVar[str | None] = contextvars.ContextVar(
             "stableguards_warm_frame", default=None)
+        # Whether torch bundles AOTAutograd entries only because warm start asks it to
+        # (set for the frame being compiled; see hooks.precompile._count_bundled_hit).
+        self.bundling_for_us: contextvars.ContextVar[bool] = contextvars.ContextVar(
+            "stableguards_warm_bundling", default=False)
         # Packages made for a warm-start backend -> what their key needs besides the function.
         self.backends: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
         # Packages keyed by stableguards -> their key (only these are saved).

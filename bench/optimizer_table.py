@@ -30,13 +30,19 @@ Where each number comes from (torch 2.13):
   check at compile time) is kept in the JSON only.  "ovh us" is the median
   compiled step minus the median eager ``opt.step()`` of an identical eager copy,
   interleaved in the same process after warm-up; "step/eager" is their ratio.
-* schedule: 100 steps of ``OneCycleLR(opt, max_lr=0.1, total_steps=100)``, which
-  changes lr and momentum/betas every step, with fresh grads each step.
-  "recompiles" counts installed compiles of the "step" frame
-  (``get_compilation_metrics()``, has_guarded_code) during the schedule; "limit"
-  says whether torch warned "hit config.recompile_limit" (default limit 8) or a
-  compile failed on it; "==eager" is ``torch.allclose(rtol=1e-4, atol=1e-5)`` of
-  every parameter against the eager copy, which took the same grads and schedule.
+* schedule (``--schedules onecycle,plateau``): 100 steps of
+  ``OneCycleLR(opt, max_lr=0.1, total_steps=100)``, which changes lr and
+  momentum/betas every step, or of ``ReduceLROnPlateau(factor=0.5,
+  patience=2)`` fed a constant metric (lr halves every 3 steps), with fresh
+  grads each step.  "graphs" counts ``stats.unique_graphs`` built during the
+  schedule, "recompiles" installed compiles of the "step" frame
+  (``get_compilation_metrics()``, has_guarded_code); "limit" says whether torch
+  warned "hit config.recompile_limit" (default limit 8) or a compile failed on
+  it; "step/eager" is the median compiled step over the median eager step of
+  the schedule; "==eager" is ``torch.allclose(rtol=1e-4, atol=1e-5)`` of every
+  parameter against the eager copy, which took the same grads and schedule.
+  With ``--backend inductor`` this is the run of issue 13:
+  ``python bench/optimizer_table.py --backend inductor --schedules onecycle,plateau --sizes 10,100``.
 
 Writes bench/out/optimizer_table.json (one entry per child, errors included).
 """
@@ -73,24 +79,27 @@ TABLES: dict[str, tuple[Column, ...]] = {
         ("ovh us", lambda r: r["overhead_us"], True),
         ("step/eager", lambda r: r["overhead_ratio"], True),
     ),
-    "100-step OneCycleLR schedule": (
+    "100-step schedule": (
+        ("graphs", lambda r: r["schedule_graphs"], True),
         ("recompiles", lambda r: r["schedule_step_compiles"], True),
         ("limit", lambda r: "HIT" if r["schedule_limit_hit"] else "no", False),
+        ("step/eager", lambda r: r["schedule_step_ratio"], True),
         ("==eager", lambda r: "yes" if r["matches_eager"] else "NO", False),
     ),
 }
 
 
-def run_child(optimizer: str, n: int, backend: str, flag: str, reps: int, timeout: float) -> dict:
+def run_child(optimizer: str, n: int, backend: str, flag: str, reps: int, timeout: float,
+              schedule: str) -> dict:
     """One fresh process; a crash or timeout comes back as {"error": ...}."""
-    base = {"optimizer": optimizer, "n": n, "config": flag}
+    base = {"optimizer": optimizer, "n": n, "config": flag, "schedule": schedule}
     with tempfile.TemporaryDirectory(prefix="sg-opt-") as cache_dir:
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir,
                    TORCHDYNAMO_STABLE_GUARDS=FLAGS[flag])
         try:
             proc = subprocess.run(
                 [sys.executable, str(HERE / "_optimizer_child.py"), optimizer, str(n), backend,
-                 str(reps)],
+                 str(reps), schedule],
                 env=env, capture_output=True, text=True, timeout=timeout, check=False,
             )
         except subprocess.TimeoutExpired:
@@ -149,9 +158,9 @@ def format_table(title: str, columns: tuple[Column, ...], rows: list[tuple[dict,
 
 
 def measure_row(optimizer: str, n: int, backend: str, reps: int, timeout: float,
-                on_first: bool) -> tuple[dict, dict]:
+                on_first: bool, schedule: str) -> tuple[dict, dict]:
     order = ("on", "off") if on_first else ("off", "on")
-    results = {flag: run_child(optimizer, n, backend, flag, reps, timeout) for flag in order}
+    results = {flag: run_child(optimizer, n, backend, flag, reps, timeout, schedule) for flag in order}
     for flag in order:
         r = results[flag]
         status = r.get("error") or f"frame {fmt(r.get('entire_frame_compile_s'))} s"
@@ -170,20 +179,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="eager")
     parser.add_argument("--reps", type=int, default=50, help="timed steps per configuration")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per child process")
+    parser.add_argument("--schedules", type=csv(str), default=["onecycle"],
+                        help="onecycle (lr, momentum/betas every step), plateau (ReduceLROnPlateau)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     unknown = set(args.optimizers) - set(OPTIMIZERS)
     if unknown:
         parser.error(f"unknown optimizers {sorted(unknown)}; choose from {', '.join(OPTIMIZERS)}")
 
-    rows = []
-    for optimizer in args.optimizers:
-        for n in args.sizes:
-            rows.append(measure_row(optimizer, n, args.backend, args.reps, args.timeout,
-                                    on_first=len(rows) % 2 == 1))
-    print(f"backend={args.backend}, {args.reps} timed steps; on/off = flag on / flag off\n")
-    for i, (title, columns) in enumerate(TABLES.items()):
-        print(format_table(title, columns, rows, errors=i == 0), end="\n\n", flush=True)
+    rows, all_rows = [], []
+    for schedule in args.schedules:
+        rows = []
+        for optimizer in args.optimizers:
+            for n in args.sizes:
+                rows.append(measure_row(optimizer, n, args.backend, args.reps, args.timeout,
+                                        on_first=len(rows) % 2 == 1, schedule=schedule))
+        print(f"backend={args.backend}, schedule={schedule}, {args.reps} timed steps; "
+              f"on/off = flag on / flag off\n")
+        for i, (title, columns) in enumerate(TABLES.items()):
+            print(format_table(f"{title} ({schedule})", columns, rows, errors=i == 0), end="\n\n", flush=True)
+        all_rows += rows
+    rows = all_rows
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "optimizer_table.json"
     path.write_text(json.dumps([r for pair in rows for r in pair], indent=2))

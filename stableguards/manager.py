@@ -185,6 +185,15 @@ class GuardManager:
         self.counters["optimizer_state_dicts_versioned"] += state_dicts
         self.counters["optimizer_identity_guards_dropped"] += identity_guards
 
+    def note_hyperparameters_lifted(self, uses: int) -> None:
+        """Uses of scheduled hyperparameters rewritten so the graph takes them as inputs."""
+        self.counters["hyperparameter_uses_lifted"] += uses
+
+    def note_hyperparameter_graph_not_cached(self) -> None:
+        """A step graph left out of AOTAutograd's cache: its cache would drop guards on a
+        scheduled hyperparameter."""
+        self.counters["hyperparameter_graphs_not_cached"] += 1
+
     def note_optimizer_released(self, optimizer: str, entries: int) -> None:
         self.counters["optimizer_entries_released"] += entries
         self._record(Note(f"optimizer {optimizer} was collected: released {entries} cache entr"

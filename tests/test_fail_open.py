@@ -82,7 +82,7 @@ def warm_start_calls() -> None:
 def workload_for(hook) -> None:
     if hook.part == "precompile":
         warm_start_calls()
-    elif hook.module.startswith("torch._inductor"):
+    elif hook.module.startswith(("torch._inductor", "torch._functorch")):
         inductor_call()
     else:
         train_steps("eager")

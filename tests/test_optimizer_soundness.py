@@ -426,6 +426,12 @@ class OptimizerSoundnessAot(OptimizerSoundness):
     backend = "aot_eager"
 
 
+class OptimizerSoundnessInductor(OptimizerSoundness):
+    """Inductor: hyperparameters reach the graph through stableguards.hyperparams' rewrite."""
+
+    backend = "inductor"
+
+
 # CI runs the same examples every time; a longer local run explores new ones.
 _SETTINGS = {"deadline": None, "database": None, "derandomize": LONG is None,
              "suppress_health_check": [HealthCheck.too_slow, HealthCheck.filter_too_much]}
@@ -435,6 +441,9 @@ TestOptimizerSoundnessEager.settings = settings(max_examples=EXAMPLES, stateful_
 TestOptimizerSoundnessAotEager = OptimizerSoundnessAot.TestCase
 TestOptimizerSoundnessAotEager.settings = settings(
     max_examples=max(1, EXAMPLES // 3), stateful_step_count=12, **_SETTINGS)
+TestOptimizerSoundnessInductor = OptimizerSoundnessInductor.TestCase
+TestOptimizerSoundnessInductor.settings = settings(
+    max_examples=max(1, EXAMPLES // 10), stateful_step_count=8, **_SETTINGS)
 
 
 # --- one cheap regression test per rule ------------------------------------------------

@@ -166,8 +166,11 @@ def _attach_log_artifact() -> None:
 def _after_import(module_name: str, install_hooks: Callable[[ModuleType], None]) -> None:
     """Run ``install_hooks`` on the module now if it is loaded, else once it is."""
     module = sys.modules.get(module_name)
-    if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
-        install_hooks(module)
+    if module is not None:
+        if getattr(getattr(module, "__spec__", None), "_initializing", False):
+            STATE.install_after_import(module_name, install_hooks)  # past the import finder already
+        else:
+            install_hooks(module)
         return
     waiting = next((f for f in sys.meta_path if isinstance(f, _AfterImport) and f.module_name == module_name),
                    None)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import sys
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -102,13 +103,20 @@ def _wrap(hook: Hook, original: Callable[..., Any]) -> Callable[..., Any]:
         except _PASS_THROUGH:
             raise
         except Exception as error:
-            if call.raised:
-                raise  # torch's own exception, unchanged
+            if call.raised or _restarts(error):
+                raise  # torch's own exception, unchanged; or a deliberate restart
             STATE.fell_back(hook.name, error)
             return call.result if call.done else original(*args, **kwargs)
 
     hooked.__stableguards_hook__ = hook  # type: ignore[attr-defined]
     return hooked
+
+
+def _restarts(error: Exception) -> bool:
+    """A hook may ask Dynamo to analyse the frame again (torch's RestartAnalysis, e.g. to
+    specialize a float): control flow, not a failure to fall back from."""
+    exc = sys.modules.get("torch._dynamo.exc")
+    return exc is not None and isinstance(error, exc.RestartAnalysis)
 
 
 def _resolve(hook: Hook) -> tuple[Any, str]:

@@ -7,6 +7,7 @@ why a rebuilt optimizer is not served the old step) is in
 
 from __future__ import annotations
 
+import inspect
 import sys
 import weakref
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from typing import Any
 
 from stableguards.hooks.core import Hook, registered_name
 from stableguards.hooks.state import STATE
+from stableguards.hyperparams import hyperparameter_source, rewrite
 from stableguards.optimizer_guards import OptimizerLives
 
 _OPTIMIZER = "torch._dynamo.variables.optimizer"
@@ -241,6 +243,110 @@ def _compute_cache_size(call: Any, frame: Any, cache_entries: Any, *args: Any) -
     return call(frame, [e for e in cache_entries if e.code is not None], *args)
 
 
+def _aot_starts(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """Remember where AOTAutograd's guards on this ShapeEnv begin (see _pinned)."""
+    shape_env = inspect.signature(call.fn).bind(*args, **kwargs).arguments["shape_env"]
+    if shape_env is not None:
+        STATE.aot_guards_from[shape_env] = len(shape_env.guards)
+    return call(*args, **kwargs)
+
+
+def _tensorify(call: Any, module: Any) -> None:
+    """Before AOTAutograd lifts SymFloats into tensor math, rewrite the uses of scheduled
+    hyperparameters it cannot lift (``alpha=-lr``, ``beta1 ** step``), so a learning-rate
+    change reuses the graph instead of recompiling (stableguards.hyperparams)."""
+    from torch._guards import detect_fake_mode
+    from torch.utils._sympy.symbol import SymT, symbol_is_type
+
+    fake_mode = detect_fake_mode()
+    shape_env = getattr(fake_mode, "shape_env", None)
+    if shape_env is None:
+        return call(module)
+
+    scheduled = {s for s, sources in shape_env.var_to_sources.items()
+                 if symbol_is_type(s, SymT.FLOAT) and any(hyperparameter_source(src.name) for src in sources)}
+    if not scheduled:
+        return call(module)
+    guarded = _guarded_in_aot(shape_env, scheduled)
+    if pinned := {s for expr in guarded if _pins(expr) for s in expr.free_symbols & scheduled}:
+        _specialize(pinned)
+    if guarded:
+        STATE.aot_not_cached.add(shape_env)
+    lifted = rewrite(module.graph, lambda value: bool(value.node.expr.free_symbols)
+                     and value.node.expr.free_symbols <= scheduled, fake_mode)
+    if lifted:
+        module.recompile()
+        STATE.manager.note_hyperparameters_lifted(lifted)
+    return call(module)
+
+
+def _guarded_in_aot(shape_env: Any, scheduled: set) -> list:
+    """Guards on scheduled symbols that AOTAutograd or inductor added while tracing.
+
+    Such a guard lives only in this ShapeEnv: AOTAutograd's cache keeps guards
+    on integer inputs only, so a later compile that hit this graph's entry
+    would run it for any value of the float, without the guard.  (torch
+    restarts for its own float specializations for the same reason, #194976.)
+    One that pins a value (inductor's foreach-lerp decomposition reads the
+    weight with ``torch.tensor(w).item()``) specializes the float; others
+    (``lerp`` choosing its formula by ``|w| < 0.5``) keep it an input, and this
+    graph is not put in AOTAutograd's cache (``_save_aot``), so every compile
+    of it traces and guards again.
+    """
+    start = STATE.aot_guards_from.get(shape_env, 0)
+    return [guard.expr for guard in shape_env.guards[start:] if guard.expr.free_symbols & scheduled]
+
+
+def _pins(expr: Any) -> bool:
+    import sympy
+
+    return isinstance(expr, sympy.Eq)
+
+
+def _save_aot(call: Any, *args: Any, **kwargs: Any) -> None:
+    """Leave out of AOTAutograd's cache a graph whose scheduled floats it guarded (see
+    _guarded_in_aot): the cache would drop those guards."""
+    from torch._guards import detect_fake_mode
+
+    shape_env = getattr(detect_fake_mode(), "shape_env", None)
+    if shape_env is not None and shape_env in STATE.aot_not_cached:
+        STATE.manager.note_hyperparameter_graph_not_cached()
+        return None
+    return call(*args, **kwargs)
+
+
+def _specialize(symbols: set) -> None:
+    """Trace the frame again with these floats as constants, as torch's tensorify does
+    for a float it cannot lift: Dynamo then guards their values itself."""
+    from torch._dynamo.exc import TensorifyScalarRestartAnalysis
+    from torch._dynamo.symbolic_convert import TensorifyState
+
+    for symbol in symbols:
+        TensorifyState.specialize(str(symbol))
+    raise TensorifyScalarRestartAnalysis
+
+
+def _clear_compile_context(call: Any, tracer_output: Any, compiler_fn: Any) -> None:
+    """Also drop the output graph's tracked fakes where torch clears the compile context.
+
+    They close a cycle that runs through C++: a fake parameter holds its fake grad
+    in its autograd metadata, the grad holds the FakeTensorMode, the mode its
+    ShapeEnv, and the ShapeEnv (``tracked_fakes``, the output graph's list) the
+    fake parameter.  gc cannot see the C++ edge, so each optimizer-step compile
+    kept its fakes and ShapeEnv: 50 tensors per rebuild of Adam over 10 params
+    (torch 2.13, 2.14).  torch 2.15 clears the list here itself; for the
+    backends it leaves alone (unregistered ones), so does this.
+    """
+    call(tracer_output, compiler_fn)
+    names = call.fn.__globals__
+    should_clear = names["config"].invalidate_compile_context_weakrefs
+    if should_clear is None:
+        should_clear = names["_is_registered_backend"](names["innermost_backend"](compiler_fn))
+    output_graph = getattr(tracer_output, "output_graph_for_cleanup", None) if should_clear else None
+    if output_graph is not None:
+        output_graph.tracked_fakes.clear()
+
+
 STATE.optimizer_lives = OptimizerLives(_optimizer_died)
 
 HOOKS = [
@@ -256,4 +362,13 @@ HOOKS = [
     Hook(_CONVERT_FRAME, "DynamoOutput.build_guards", "optimizer", _build_guards, params=("code",)),
     Hook(_CONVERT_FRAME, "compute_cache_size", "optimizer", _compute_cache_size,
          params=("frame", "cache_entries")),
+    Hook(_CONVERT_FRAME, "clear_compile_context_weakrefs", "optimizer", _clear_compile_context,
+         params=("tracer_output", "compiler_fn")),
+    # Lazy: graph_compile imports inductor.
+    Hook("torch._functorch._aot_autograd.graph_compile", "_apply_tensorify_python_scalars", "optimizer",
+         _tensorify, params=("module",), lazy=True),
+    Hook("torch._functorch._aot_autograd.autograd_cache", "AOTAutogradCache.save", "optimizer", _save_aot,
+         lazy=True),
+    Hook("torch._functorch.aot_autograd", "create_aot_state", "optimizer", _aot_starts, params=("shape_env",),
+         lazy=True),
 ]

@@ -12,6 +12,7 @@ import collections
 import contextvars
 import logging
 import os
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -74,6 +75,7 @@ class ProcessState:
         self.installed: set[str] = set()
         self._warned: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._pending: list[Callable[[], None]] = []
+        self._after_import: dict[str, list[Callable[[Any], None]]] = {}
         # backends: the key of the backend the current frame compiles for.
         self.current_key: contextvars.ContextVar[BackendKey | None] = contextvars.ContextVar(
             "stableguards_backend_key", default=None)
@@ -84,6 +86,10 @@ class ProcessState:
         self.optimizer_lives: OptimizerLives | None = None  # set by hooks.optimizers
         # What each trace (by its TracingContext) saw of optimizers: hooks.optimizers._Trace.
         self.optimizer_traces: IdentityTable[Any] = IdentityTable()
+        # ShapeEnv -> how many guards it had when AOTAutograd started tracing with it.
+        self.aot_guards_from: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        # ShapeEnvs whose graph must not go into AOTAutograd's cache (hooks.optimizers._save_aot).
+        self.aot_not_cached: weakref.WeakSet[Any] = weakref.WeakSet()
         # cudagraphs
         self.copied_grads_told: IdentityTable[bool] = IdentityTable()  # optimizers warned about
         self.static_inputs = StaticInputWatch()
@@ -125,6 +131,21 @@ class ProcessState:
         while len(self.input_sources) > _MAX_COMPILES_NAMED:
             self.input_sources.popitem(last=False)
 
+    # --- hooks whose module was still importing at install --------------------------
+
+    def install_after_import(self, module_name: str, install: Callable[[Any], None]) -> None:
+        """``install`` the hooks of a module that was mid-import when stableguards installed
+        (the user's first import was that module, and it imported torch._dynamo):
+        at the next safe point, once it has finished."""
+        self._after_import.setdefault(module_name, []).append(install)
+
+    def _install_imported(self) -> None:
+        for name in list(self._after_import):
+            module = sys.modules.get(name)
+            if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
+                for install in self._after_import.pop(name):
+                    install(module)
+
     # --- releasing dead cache entries ---------------------------------------------
 
     def release_soon(self, release: Callable[[], None]) -> None:
@@ -141,6 +162,8 @@ class ProcessState:
 
     def release_pending(self) -> None:
         """Run waiting releases, holding ``compile_lock`` so no compile starts meanwhile."""
+        if self._after_import:
+            self._install_imported()
         if not self._pending:
             return
         import torch._dynamo.convert_frame as convert_frame

@@ -591,17 +591,14 @@ def test_hyperparameter_changes(twins, name, key):
     steps(t, seed=3)
 
 
-UPSTREAM_PGO_BUG = (
-    "upstream Dynamo (torch 2.13, flag off too, with its own PGO): once a profile marks "
-    "param_groups[0]['weight_decay'] dynamic, SGD.step under aot_eager raises "
-    "SpeculationLogDivergence at sgd.py `state['momentum_buffer'] = momentum_buffer` "
-    "when a second group gets grads for the first time"
-)
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=UPSTREAM_PGO_BUG)
 def test_a_profile_with_dynamic_weight_decay_under_aot_eager(twins):
-    """Found by the state machine when profiles leaked from one example into the next."""
+    """Found by the state machine when profiles leaked from one example into the next.
+
+    Upstream (flag off too, with its own PGO) raises SpeculationLogDivergence at sgd.py
+    ``state['momentum_buffer'] = momentum_buffer`` when a second group gets grads for the
+    first time: tensorify could not lift ``alpha=weight_decay`` and restarted the
+    analysis.  With the flag on the float is lifted (stableguards.hyperparams), no
+    restart happens, and the step equals eager."""
     from stableguards.hooks import profiles as integration
     from stableguards.pgo.profile import FORMAT, VERSION, from_json
 

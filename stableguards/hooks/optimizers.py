@@ -232,9 +232,27 @@ def _optimizer_died(description: str, check_fns: list[Any]) -> None:
         live = [c for c in check_fns if not isinstance(c.guard_manager, DeletedGuardManagerWrapper)]
         for check_fn in live:
             check_fn.invalidate(obj_str=f"optimizer {description}")
+        _forget_shape_envs()
         STATE.manager.note_optimizer_released(description, len(live))
 
     STATE.release_soon(release)
+
+
+def _forget_shape_envs() -> None:
+    """Empty the caches of ShapeEnv's methods, which key on the ShapeEnv itself.
+
+    Some are unbounded (``functools.lru_cache(None)``, or cleared only when a
+    version counter moves), so every dead compile's ShapeEnv stayed reachable
+    from the class: one per rebuilt optimizer, with a scheduled float symbol.
+    Run at a release, when no thread compiles; live ShapeEnvs only lose cached
+    answers, which they compute again.
+    """
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    for attr in vars(ShapeEnv).values():
+        cache_clear = getattr(attr, "cache_clear", None)
+        if callable(cache_clear):
+            cache_clear()
 
 
 def _compute_cache_size(call: Any, frame: Any, cache_entries: Any, *args: Any) -> Any:
@@ -267,17 +285,18 @@ def _tensorify(call: Any, module: Any) -> None:
                  if symbol_is_type(s, SymT.FLOAT) and any(hyperparameter_source(src.name) for src in sources)}
     if not scheduled:
         return call(module)
-    guarded = _guarded_in_aot(shape_env, scheduled)
-    if pinned := {s for expr in guarded if _pins(expr) for s in expr.free_symbols & scheduled}:
-        _specialize(pinned)
-    if guarded:
-        STATE.aot_not_cached.add(shape_env)
     lifted = rewrite(module.graph, lambda value: bool(value.node.expr.free_symbols)
                      and value.node.expr.free_symbols <= scheduled, fake_mode)
     if lifted:
         module.recompile()
         STATE.manager.note_hyperparameters_lifted(lifted)
-    return call(module)
+    call(module)
+    # After the pass: torch 2.13 specializes a float it cannot lift with a local guard.
+    guarded = _guarded_in_aot(shape_env, scheduled)
+    if pinned := {s for expr in guarded if _pins(expr) for s in expr.free_symbols & scheduled}:
+        _specialize(pinned)
+    if guarded:
+        STATE.aot_not_cached.add(shape_env)
 
 
 def _guarded_in_aot(shape_env: Any, scheduled: set) -> list:

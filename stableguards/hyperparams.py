@@ -155,9 +155,42 @@ def _pow_scalar(graph: Any, node: Any, scheduled: Callable[[Any], bool], fake_mo
     return True
 
 
+def _full(graph: Any, node: Any, scheduled: Callable[[Any], bool], fake_mode: Any) -> bool:
+    """``full(size, s)`` -> ``full(size, 1.0) * s`` (exact: ``1.0 * s`` rounds as ``s`` does)."""
+    import torch
+
+    size, s = node.args
+    if not scheduled(_val(s)):
+        return False
+    ones = _node(graph, node, torch.ops.aten.full.default, (size, 1.0), fake_mode, dict(node.kwargs))
+    _retarget(node, torch.ops.aten.mul.Tensor, (ones, s))
+    return True
+
+
 def _retarget(node: Any, target: Any, args: tuple) -> None:
     """Same value, another op: users and ``meta['val']`` stay."""
     node.target, node.args, node.kwargs = target, args, {}
+
+
+def lerp_without_pinning(original: Callable[..., Any], is_scheduled: Callable[[Any], bool]) -> Callable[..., Any]:
+    """``_foreach_lerp.Scalar``'s decomposition, for a scheduled SymFloat weight.
+
+    inductor's own reads the weight with ``torch.tensor(w).item()``, which pins
+    it to one value; this one computes ``start + (end - start) * w`` with
+    foreach ops whose scalar ``rewrite`` lifts.  Eager uses the same formula
+    for ``|w| < 0.5`` and ``end - (end - start) * (1 - w)`` above it: the same
+    value up to rounding.  Only for float32/float64 tensors; for half types
+    eager computes in float32, and the original decomposition is kept.
+    """
+    import torch
+
+    def decompose(starts: list, ends: list, weight: Any) -> Any:
+        if not (_is_symfloat(weight) and is_scheduled(weight)
+                and all(t.dtype in (torch.float32, torch.float64) for t in (*starts, *ends))):
+            return original(starts, ends, weight)
+        return torch._foreach_add(starts, torch._foreach_mul(torch._foreach_sub(ends, starts), weight))
+
+    return decompose
 
 
 def _foreach(element: Any, scalar: int | str, scalar_kwarg: str | None = None) -> Callable[..., bool]:
@@ -219,6 +252,7 @@ def _plans() -> dict[Any, Callable[..., bool]]:
         aten.addcdiv.default: _pointwise_value("div"),
         aten.lerp.Scalar: _lerp,
         aten.pow.Scalar: _pow_scalar,
+        aten.full.default: _full,
         aten._foreach_add.List: _foreach(aten.add.Tensor, "alpha"),
         aten._foreach_sub.List: _foreach(aten.sub.Tensor, "alpha"),
         aten._foreach_add.Scalar: _foreach(aten.add.Tensor, 1),

@@ -189,6 +189,13 @@ class GuardManager:
         """Uses of scheduled hyperparameters rewritten so the graph takes them as inputs."""
         self.counters["hyperparameter_uses_lifted"] += uses
 
+    def note_hyperparameter_specialized(self, sources: list[str]) -> None:
+        """A scheduled hyperparameter was made a constant again: AOTAutograd or inductor
+        pinned its value while tracing."""
+        self.counters["hyperparameters_specialized"] += 1
+        self._record(Note(f"specialized {', '.join(sources)}: a decomposition pinned its value, and "
+                          f"AOTAutograd's cache would drop that guard; each new value recompiles"))
+
     def note_hyperparameter_graph_not_cached(self) -> None:
         """A step graph left out of AOTAutograd's cache: its cache would drop guards on a
         scheduled hyperparameter."""

@@ -38,6 +38,7 @@ def _cases():
         "addcdiv_value": (aten.addcdiv.default, ("t", "t", "p"), {"value": "s"}),
         "lerp": (aten.lerp.Scalar, ("t", "t", "s"), {}),
         "pow_scalar": (aten.pow.Scalar, ("s", "t"), {}),
+        "full": (aten.full.default, ([4], "s"), {"dtype": torch.float32}),
         "foreach_add_alpha": (aten._foreach_add.List, ("L", "L"), {"alpha": "s"}),
         "foreach_sub_alpha": (aten._foreach_sub.List, ("L", "L"), {"alpha": "s"}),
         "foreach_add_scalar": (aten._foreach_add.Scalar, ("L", "s"), {}),

@@ -16,7 +16,7 @@ from typing import Any
 
 from stableguards.hooks.core import Hook, registered_name
 from stableguards.hooks.state import STATE
-from stableguards.hyperparams import hyperparameter_source, rewrite
+from stableguards.hyperparams import hyperparameter_source, lerp_without_pinning, rewrite
 from stableguards.optimizer_guards import OptimizerLives
 
 _OPTIMIZER = "torch._dynamo.variables.optimizer"
@@ -294,9 +294,42 @@ def _tensorify(call: Any, module: Any) -> None:
     # After the pass: torch 2.13 specializes a float it cannot lift with a local guard.
     guarded = _guarded_in_aot(shape_env, scheduled)
     if pinned := {s for expr in guarded if _pins(expr) for s in expr.free_symbols & scheduled}:
+        STATE.manager.note_hyperparameter_specialized(
+            sorted(src.name for s in pinned for src in shape_env.var_to_sources.get(s, ())[:1]))
         _specialize(pinned)
     if guarded:
         STATE.aot_not_cached.add(shape_env)
+
+
+_LERP_TABLES: dict[int, tuple[dict, dict]] = {}  # id(inductor's table) -> (it, the copy with our lerp)
+
+
+def _decomp_table(call: Any) -> dict:
+    """inductor's decomposition table, with ``_foreach_lerp.Scalar`` decomposed so that a
+    scheduled weight (Adam's ``1 - beta1``) stays an input (hyperparams.lerp_without_pinning)."""
+    import torch
+
+    table = call()
+    op = torch.ops.aten._foreach_lerp.Scalar
+    if op not in table:
+        return table
+    cached = _LERP_TABLES.get(id(table))
+    if cached is None or cached[0] is not table:
+        copy = dict(table)
+        copy[op] = lerp_without_pinning(table[op], _weight_is_scheduled)
+        cached = _LERP_TABLES[id(table)] = (table, copy)
+    return cached[1]
+
+
+def _weight_is_scheduled(value: Any) -> bool:
+    from torch.utils._sympy.symbol import SymT, symbol_is_type
+
+    shape_env = value.node.shape_env
+    symbols = value.node.expr.free_symbols
+    return bool(symbols) and all(
+        symbol_is_type(s, SymT.FLOAT) and any(hyperparameter_source(src.name)
+                                              for src in shape_env.var_to_sources.get(s, ()))
+        for s in symbols)
 
 
 def _guarded_in_aot(shape_env: Any, scheduled: set) -> list:
@@ -388,6 +421,9 @@ HOOKS = [
          _tensorify, params=("module",), lazy=True),
     Hook("torch._functorch._aot_autograd.autograd_cache", "AOTAutogradCache.save", "optimizer", _save_aot,
          lazy=True),
+    # The table select_decomp_table returns unless config.fallback_random (then the float
+    # is pinned and specialized, as without this hook).
+    Hook("torch._inductor.decomposition", "fast_random_decomps", "optimizer", _decomp_table, lazy=True),
     Hook("torch._functorch.aot_autograd", "create_aot_state", "optimizer", _aot_starts, params=("shape_env",),
          lazy=True),
 ]

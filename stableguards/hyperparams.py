@@ -18,6 +18,12 @@ what it computed; the float rounding can differ by what an extra rounding step
 costs (eager's CPU kernels fuse ``a + alpha*b``; here it is a multiply, then an
 add, which inductor may fuse again): about one ulp of the result per op.
 
+No guard is dropped: torch would specialize the float and guard its value;
+rewritten, the graph takes the value as an input and is right for every value,
+so that guard has nothing left to prove.  Guards that AOTAutograd or inductor
+add on the float while tracing stay (the hook makes sure AOTAutograd's cache
+does not lose them).
+
 Plain ``torch.fx`` and ``aten`` only; the hook (``hooks.optimizers``) decides
 when to run it and on which symbols.
 """

@@ -262,7 +262,7 @@ def _compute_cache_size(call: Any, frame: Any, cache_entries: Any, *args: Any) -
 
 
 def _aot_starts(call: Any, *args: Any, **kwargs: Any) -> Any:
-    """Remember where AOTAutograd's guards on this ShapeEnv begin (see _pinned)."""
+    """Remember where AOTAutograd's guards on this ShapeEnv begin (see _guarded_in_aot)."""
     shape_env = inspect.signature(call.fn).bind(*args, **kwargs).arguments["shape_env"]
     if shape_env is not None:
         STATE.aot_guards_from[shape_env] = len(shape_env.guards)
@@ -301,9 +301,6 @@ def _tensorify(call: Any, module: Any) -> None:
         STATE.aot_not_cached.add(shape_env)
 
 
-_LERP_TABLES: dict[int, tuple[dict, dict]] = {}  # id(inductor's table) -> (it, the copy with our lerp)
-
-
 def _decomp_table(call: Any) -> dict:
     """inductor's decomposition table, with ``_foreach_lerp.Scalar`` decomposed so that a
     scheduled weight (Adam's ``1 - beta1``) stays an input (hyperparams.lerp_without_pinning)."""
@@ -313,11 +310,11 @@ def _decomp_table(call: Any) -> dict:
     op = torch.ops.aten._foreach_lerp.Scalar
     if op not in table:
         return table
-    cached = _LERP_TABLES.get(id(table))
+    cached = STATE.decomp_tables.get(id(table))
     if cached is None or cached[0] is not table:
         copy = dict(table)
         copy[op] = lerp_without_pinning(table[op], _weight_is_scheduled)
-        cached = _LERP_TABLES[id(table)] = (table, copy)
+        cached = STATE.decomp_tables[id(table)] = (table, copy)
     return cached[1]
 
 
@@ -339,8 +336,9 @@ def _guarded_in_aot(shape_env: Any, scheduled: set) -> list:
     on integer inputs only, so a later compile that hit this graph's entry
     would run it for any value of the float, without the guard.  (torch
     restarts for its own float specializations for the same reason, #194976.)
-    One that pins a value (inductor's foreach-lerp decomposition reads the
-    weight with ``torch.tensor(w).item()``) specializes the float; others
+    One that pins a value (inductor's own foreach-lerp decomposition, under
+    ``fallback_random``, reads the weight with ``torch.tensor(w).item()``; torch
+    2.13's tensorify guards a float it cannot lift) specializes the float; others
     (``lerp`` choosing its formula by ``|w| < 0.5``) keep it an input, and this
     graph is not put in AOTAutograd's cache (``_save_aot``), so every compile
     of it traces and guards again.

@@ -88,6 +88,8 @@ class ProcessState:
         self.optimizer_traces: IdentityTable[Any] = IdentityTable()
         # ShapeEnv -> how many guards it had when AOTAutograd started tracing with it.
         self.aot_guards_from: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        # id(inductor's decomposition table) -> (it, its copy with hooks.optimizers' foreach lerp).
+        self.decomp_tables: dict[int, tuple[dict, dict]] = {}
         # ShapeEnvs whose graph must not go into AOTAutograd's cache (hooks.optimizers._save_aot).
         self.aot_not_cached: weakref.WeakSet[Any] = weakref.WeakSet()
         # cudagraphs

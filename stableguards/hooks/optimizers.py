@@ -274,15 +274,13 @@ def _tensorify(call: Any, module: Any) -> None:
     hyperparameters it cannot lift (``alpha=-lr``, ``beta1 ** step``), so a learning-rate
     change reuses the graph instead of recompiling (stableguards.hyperparams)."""
     from torch._guards import detect_fake_mode
-    from torch.utils._sympy.symbol import SymT, symbol_is_type
 
     fake_mode = detect_fake_mode()
     shape_env = getattr(fake_mode, "shape_env", None)
     if shape_env is None:
         return call(module)
 
-    scheduled = {s for s, sources in shape_env.var_to_sources.items()
-                 if symbol_is_type(s, SymT.FLOAT) and any(hyperparameter_source(src.name) for src in sources)}
+    scheduled = {s for s in shape_env.var_to_sources if _is_hyperparameter(shape_env, s)}
     if not scheduled:
         return call(module)
     lifted = rewrite(module.graph, lambda value: bool(value.node.expr.free_symbols)
@@ -319,14 +317,16 @@ def _decomp_table(call: Any) -> dict:
 
 
 def _weight_is_scheduled(value: Any) -> bool:
+    symbols = value.node.expr.free_symbols
+    return bool(symbols) and all(_is_hyperparameter(value.node.shape_env, s) for s in symbols)
+
+
+def _is_hyperparameter(shape_env: Any, symbol: Any) -> bool:
+    """A float symbol Dynamo made for a value in an optimizer's param group."""
     from torch.utils._sympy.symbol import SymT, symbol_is_type
 
-    shape_env = value.node.shape_env
-    symbols = value.node.expr.free_symbols
-    return bool(symbols) and all(
-        symbol_is_type(s, SymT.FLOAT) and any(hyperparameter_source(src.name)
-                                              for src in shape_env.var_to_sources.get(s, ()))
-        for s in symbols)
+    return symbol_is_type(symbol, SymT.FLOAT) and any(
+        hyperparameter_source(source.name) for source in shape_env.var_to_sources.get(symbol, ()))
 
 
 def _guarded_in_aot(shape_env: Any, scheduled: set) -> list:

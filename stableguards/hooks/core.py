@@ -22,8 +22,8 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import sys
 import logging
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path

@@ -356,6 +356,8 @@ def _pins(expr: Any) -> bool:
 def _save_aot(call: Any, *args: Any, **kwargs: Any) -> None:
     """Leave out of AOTAutograd's cache a graph whose scheduled floats it guarded (see
     _guarded_in_aot): the cache would drop those guards."""
+    if not STATE.aot_not_cached:
+        return call(*args, **kwargs)  # the usual case: no ShapeEnv to look for
     from torch._guards import detect_fake_mode
 
     shape_env = getattr(detect_fake_mode(), "shape_env", None)

@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workloads import WORKLOADS  # noqa: E402
 
 # Per-call overhead: calls timed after everything is compiled (guards + launch).
-OVERHEAD_CALLS = 100
-OVERHEAD_BATCHES = 5
+OVERHEAD_CALLS = 300
+OVERHEAD_BATCHES = 9
 
 
 class Encoder(torch.nn.Module):

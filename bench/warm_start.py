@@ -10,7 +10,7 @@ one, each running the same calls.  Columns:
   tracing, loading), and warm/cold; importing inductor (2-3 s here, paid by
   every process that compiles for it) is done before the clock starts;
 * us/call: a call of the compiled code after everything is compiled, in the
-  warm process (guard checks and launch; the fastest of 5 batches of 100):
+  warm process (guard checks and launch; the fastest of 9 batches of 300):
   a loaded entry against a traced one;
 * ok: every output equalled eager.
 

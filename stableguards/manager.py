@@ -231,6 +231,11 @@ class GuardManager:
         self.counters["warm_start_loaded"] += 1
         self._record(Note(f"warm start: {function} installed its saved compiled entry"))
 
+    def note_warm_start_not_used(self, function: str, reason: str) -> None:
+        """A saved entry under the same key failed torch's checks or its install: traced again."""
+        self.counters["warm_start_not_used"] += 1
+        self._record(Note(f"warm start: {function}'s saved entry was not used ({reason}); compiled as usual"))
+
     def note_warm_start_saved(self) -> None:
         self.counters["warm_start_saved"] += 1
 

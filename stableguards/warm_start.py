@@ -18,6 +18,8 @@ plain Python; ``stableguards.hooks.precompile`` feeds it torch's objects.
 from __future__ import annotations
 
 import hashlib
+import inspect
+import sys
 import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -91,14 +93,80 @@ def code_digest(code: types.CodeType) -> str:
 
 def _feed_code(digest: Any, code: types.CodeType) -> None:
     digest.update(code.co_code)
+    digest.update(getattr(code, "co_exceptiontable", b""))
     for names in (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars):
         digest.update(repr(names).encode())
-    digest.update(repr((code.co_argcount, code.co_kwonlyargcount, code.co_flags)).encode())
+    digest.update(repr((code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_nlocals,
+                        code.co_flags)).encode())
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             _feed_code(digest, const)
         else:
             digest.update(stable_repr(const).encode())
+
+
+def code_path(code: types.CodeType) -> tuple[str, str, tuple[int, ...], str] | None:
+    """Where a local function's code lives: ``(module, outer qualname, co_consts indices, digest)``.
+
+    Every function a ``def`` inside another function creates shares one code
+    object, a constant of the enclosing function's code.  When the outermost
+    enclosing function is found by name in its module, that path leads a
+    restarted process to the very code object its live functions run, so an
+    identity check on ``fn.__code__`` means there what it meant here.  None
+    when the path does not lead back to this exact object (a decorated outer
+    function, ``exec``'d or ``code.replace``'d code): the caller keeps the
+    identity check that can never pass across processes.
+    """
+    qualname = getattr(code, "co_qualname", "")
+    if ".<locals>." not in qualname:
+        return None
+    outer = qualname[: qualname.index(".<locals>.")]
+    module = inspect.getmodule(code)
+    if module is None or sys.modules.get(module.__name__) is not module:
+        return None
+    try:
+        indices = _find_const(_outer_code(module.__name__, outer), code)
+    except (AttributeError, KeyError, TypeError):
+        return None
+    return None if indices is None else (module.__name__, outer, indices, code_digest(code))
+
+
+def code_at(module: str, outer: str, indices: tuple[int, ...], digest: str) -> types.CodeType:
+    """The code object ``code_path`` named, in this process.
+
+    Raises RuntimeError (what torch's loader falls back on) when it is gone or
+    its code differs from the saved one: a stand-in object would let a later
+    object reuse its id and pass an identity check meant for another.  A module
+    not imported yet is not imported here.
+    """
+    try:
+        code = _outer_code(module, outer)
+        for index in indices:
+            code = code.co_consts[index]
+    except (AttributeError, IndexError, KeyError, TypeError) as error:
+        raise RuntimeError(f"the code of {module}.{outer}.<locals> is not where it was: {error!r}") from error
+    if not isinstance(code, types.CodeType) or code_digest(code) != digest:
+        raise RuntimeError(f"the code of a local function in {module}.{outer} changed since it was saved")
+    return code
+
+
+def _outer_code(module: str, qualname: str) -> types.CodeType:
+    obj: Any = sys.modules[module]
+    for name in qualname.split("."):
+        # A class's own __dict__ first: a staticmethod or classmethod stays unwrapped.
+        obj = vars(obj)[name] if isinstance(obj, type) and name in vars(obj) else getattr(obj, name)
+    return getattr(obj, "__func__", obj).__code__
+
+
+def _find_const(code: types.CodeType, target: types.CodeType) -> tuple[int, ...] | None:
+    for index, const in enumerate(code.co_consts):
+        if const is target:
+            return (index,)
+        if isinstance(const, types.CodeType):
+            inner = _find_const(const, target)
+            if inner is not None:
+                return (index, *inner)
+    return None
 
 
 def config_digest(values: Mapping[str, Any]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import itertools
 import logging
 import threading
 import weakref
@@ -55,25 +56,30 @@ def inductor_call() -> None:
     torch.testing.assert_close(torch.compile(lambda t: t.sin() + 1, backend="inductor")(x), x.sin() + 1)
 
 
+_WARM_RUNS = itertools.count(2)
+
+
 def warm_start_calls() -> None:
     """Compile for inductor (entries saved; one compile left out: a local class cannot be
     checked by name), then forget this process saved them and compile again, as a restarted
-    process would: the entry is loaded and installed."""
+    process would: the entry is loaded and installed.  A new constant each run: a kernel
+    this process has not built yet, so inductor's C++ build path is reached."""
 
     class Local:
         pass
 
     local = Local()
+    scale = float(next(_WARM_RUNS))
 
     def saved(t):
-        return t.cos() * 2
+        return t.cos() * scale
 
     def left_out(t):
         return t + 1 if isinstance(local, Local) else t - 1
 
     x = torch.randn(8)
     for _ in range(2):
-        torch.testing.assert_close(torch.compile(saved)(x), x.cos() * 2)
+        torch.testing.assert_close(torch.compile(saved)(x), x.cos() * scale)
         torch.testing.assert_close(torch.compile(left_out)(x), x + 1)
         torch._dynamo.reset()
         STATE.warm.forget_process()

@@ -4,7 +4,8 @@ The entry key (stableguards.warm_start) is plain logic, tested here directly.
 The campaign runs a cold and a warm process (inductor on CPU) over case
 modules written for each: every case twice, once unchanged between the runs
 and once changed in one way that must not be served the cold entry (a global,
-a closure value, a default argument, the body, an isinstance check's class,
+a closure value, a default argument, the body, a local helper's body or
+which local helper a closure holds, an isinstance check's class,
 the backend (from disk, and
 in the same process after a load), an inductor
 option, the same qualname in another module, another model through
@@ -93,6 +94,48 @@ def test_code_digest_sees_nested_code_and_constants():
     assert stable_repr(frozenset({3, 1, 2})) == "frozenset(['1', '2', '3'])"
 
 
+class _Outer:
+    def method(self):
+        def inner(x):
+            return (lambda y: y * 2)(x)
+        return inner
+
+
+def _make_pair(k):
+    def helper(x):
+        return x + k
+    return helper
+
+
+def test_a_local_functions_code_is_found_again_by_its_path():
+    """Every function one ``def`` makes shares its code object: found by path, it is that object."""
+    from stableguards.warm_start import code_at, code_path
+
+    inner = _Outer().method()
+    lam = next(c for c in inner.__code__.co_consts if isinstance(c, type(inner.__code__)))
+    for code in (_make_pair(1).__code__, inner.__code__, lam):
+        path = code_path(code)
+        assert path is not None and code_at(*path) is code
+    assert _make_pair(1).__code__ is _make_pair(2).__code__
+    assert code_path(_f.__code__) is None  # not local: pickled by reference already
+    module, outer, indices, digest = code_path(_make_pair(1).__code__)
+    with pytest.raises(RuntimeError, match="changed"):
+        code_at(module, outer, indices, "0" * 64)  # the code there is not the saved one
+    with pytest.raises(RuntimeError, match="not where it was"):
+        code_at(module, "_no_such_function", indices, digest)
+
+
+def test_code_made_outside_its_def_has_no_path():
+    """exec'd or replace()'d code is not the constant its path leads to."""
+    from stableguards.warm_start import code_path
+
+    replaced = _make_pair(1).__code__.replace(co_name="helper")
+    assert code_path(replaced) is None
+    scope: dict = {}
+    exec("def outer():\n    def inner():\n        return 1\n    return inner\n", scope)
+    assert code_path(scope["outer"]().__code__) is None
+
+
 # --- the campaign ---------------------------------------------------------------------
 
 # model.compile() compiles Module._call_impl, one code object for every model: torch installs
@@ -115,6 +158,8 @@ def _case_sources(rng: random.Random) -> dict[str, tuple[str, str]]:
     def function(body: str, how: str = "{}") -> str:
         return "import torch\nimport torch.nn.functional as F\n" + body + fn_case.format(how=how)
 
+    local = ("def make():\n    def a(t):\n        return t.{op}() * 2\n    def b(t):\n        return t.{op}() * 3\n"
+             "    helper = {pick}\n    def fn(x):\n        return helper(x) + 1\n    return fn\nfn = make()\n")
     model = textwrap.dedent("""\
         import torch
 
@@ -146,6 +191,10 @@ def _case_sources(rng: random.Random) -> dict[str, tuple[str, str]]:
                                  "def fn(x):\n    return x + 1 if isinstance(CFG, A) else x - 1\n"),
                         function(f"class A:\n    pass\nclass B:\n    pass\nCFG = {cfg2}()\n"
                                  "def fn(x):\n    return x + 1 if isinstance(CFG, A) else x - 1\n")),
+        # A local helper (its code is a constant of make's): its body changes, or which
+        # local def the closure holds.
+        "local_helper": (function(local.format(op=op1, pick="a")), function(local.format(op=op2, pick="a"))),
+        "local_choice": (function(local.format(op=op1, pick="a")), function(local.format(op=op1, pick="b"))),
         "backend": (function("def fn(x):\n    return x.sin() * 3\n"),
                     function("def fn(x):\n    return x.sin() * 3\n", '{"backend": "counting"}')),
         # Loaded in the warm process, then compiled there once more under another backend.
@@ -213,12 +262,13 @@ def test_warm_process_is_never_served_an_entry_that_does_not_match(tmp_path, see
     assert second["cases"]["backend_in_process_same"]["counting_calls"] >= 1, report
     # Another inductor option, another module of the same qualname, another model class:
     # traced, not installed.
-    for name in ("inductor_option_changed", "qualname_b_changed", "model_class_changed", "body_changed"):
+    for name in ("inductor_option_changed", "qualname_b_changed", "model_class_changed", "body_changed",
+                 "local_helper_changed", "local_choice_changed"):
         assert second["cases"][name]["frames"] >= 1, (name, report)
     # Unchanged cases whose guards can all be saved start warm: nothing traced.
     for name in ("global_value_same", "closure_value_same", "default_arg_same", "body_same",
                  "global_function_same", "class_check_same", "backend_same", "inductor_option_same", "model_class_same",
-                 "model_attribute_same"):
+                 "model_attribute_same", "local_helper_same", "local_choice_same"):
         assert second["cases"][name]["frames"] == 0, (name, report)
 
 
@@ -275,6 +325,22 @@ def test_a_corrupt_or_failing_entry_compiles_as_usual(tmp_path, monkeypatch, cap
         _restart_in_process()
     assert any("could not be installed" in r.getMessage() for r in caplog.records)
 
+
+def test_a_kernel_missing_from_the_cache_dir_is_built_again_on_load(tmp_path):
+    """A warm load skips inductor's precompiled-header step (the kernels are on disk);
+    a kernel deleted from the cache dir is compiled again without one, and is right."""
+    if not _warm_start_available():
+        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
+    source = "import torch\ndef fn(x):\n    return (x.sin() * 3).cumsum(0)\ndef build():\n    return fn, {}\n"
+    _write(tmp_path / "src", {"kernel": source})
+    cold = _run(tmp_path / "src", tmp_path / "cache", ["kernel"])
+    kernels = [p for p in (tmp_path / "cache").rglob("*.so") if "precompiled_headers" not in p.parts]
+    assert cold["cases"]["kernel"]["matches"] and kernels
+    for kernel in kernels:
+        kernel.unlink()
+    warm = _run(tmp_path / "src", tmp_path / "cache", ["kernel"])
+    assert warm["cases"]["kernel"] == {"matches": True, "frames": 0, "counting_calls": 0}, warm["explain"]
+    assert all(kernel.exists() for kernel in kernels)
 
 
 # --- torch's own caches keep their meaning --------------------------------------------

@@ -16,7 +16,10 @@ saving and installing.  Alone it is unsafe; here, with the flag on:
   (``_serialize_guards``); any other makes ``serialize_guards`` refuse the
   compile, which is left out of the entry (torch's per-compile bypass), so a
   warm process traces that frame again;
-* a load or install that fails falls back to a normal compile, with one warning.
+* a load or install that fails falls back to a normal compile, with one warning;
+* a restarted process pays what a traced cache costs, no more: entries go in
+  newest first (``_install``), and loading a cached graph skips inductor's
+  precompiled-header step (``_precompile_header``).
 
 Needs torch's per-compile bypass (``CompilePackage.bypass_current_compile``,
 torch 2.15): with a per-function bypass one unsaveable compile drops the
@@ -38,7 +41,7 @@ from typing import Any
 from stableguards.hooks.core import Hook, cache_subdir, registered_name
 from stableguards.hooks.state import STATE
 from stableguards.pgo.store import atomic_write
-from stableguards.warm_start import EntryKey, entry_key
+from stableguards.warm_start import EntryKey, code_at, code_path, entry_key
 
 _PACKAGE = "torch._dynamo.package"
 _AUTOGRAD_CACHE = "torch._functorch._aot_autograd.autograd_cache"
@@ -103,17 +106,22 @@ def _context_call(call: Any, self: Any, fn: Any) -> Any:
     # hash, a shared code object) still needs torch's initialization; a fresh
     # random key finds nothing, and it is never saved.
     token = _WARM.loading.set(key.digest if loadable else f"unkeyed-{uuid.uuid4().hex}")
+    not_used = _WARM.not_used.set(None)
     hits = _dynamo_cache_hits()
     try:
         with _precompiling(True):
             result = call(self, fn)
+        reason = _WARM.not_used.get()
     finally:
         _WARM.loading.reset(token)
+        _WARM.not_used.reset(not_used)
     if key is not None:
         package.__dict__["source_id"] = key.digest  # the cached_property saves use
         _WARM.keys[package] = key
-        if _dynamo_cache_hits() > hits:
-            _WARM.installed[code] = (key.digest, weakref.ref(package))
+        if reason is not None:
+            STATE.manager.note_warm_start_not_used(_frame_name(code), reason)
+        elif _dynamo_cache_hits() > hits:
+            _WARM.installed[_WARM.by_code(code)] = (key.digest, weakref.ref(package))
             STATE.manager.note_warm_start_loaded(_frame_name(code))
         else:
             _explain_miss(code, key)
@@ -123,16 +131,17 @@ def _context_call(call: Any, self: Any, fn: Any) -> Any:
 def _claim(code: Any, digest: str | None) -> bool:
     """Record a compiled context for ``code``; whether it may load and save entries."""
     mine = digest or "other"
-    installed = _WARM.installed.get(code)
+    row = _WARM.by_code(code)
+    installed = _WARM.installed.get(row)
     if installed is not None and installed[0] != mine:
         package = installed[1]()
         if package is not None:
             package.uninstall()
-        del _WARM.installed[code]
+        del _WARM.installed[row]
         STATE.manager.note_warm_start_left_out(
             _frame_name(code), "its installed entry was removed: another compiled context (backend, options "
                                "or receiver class) runs the same code in this process")
-    seen = _WARM.contexts.setdefault(code, set())
+    seen = _WARM.contexts.setdefault(row, set())
     others = seen - {mine}
     seen.add(mine)
     return digest is not None and not others
@@ -188,22 +197,39 @@ def _initialize(call: Any, self: Any, fn: Any, dynamo: Any = None, *args: Any, *
         return call(self, fn, dynamo, *args, **kwargs)
     except Exception as error:
         _forget(self)
+        _WARM.not_used.set(f"{error}"[:200])
         raise RuntimeError(f"stableguards: saved entry not used: {error}") from error
 
 
 def _install(call: Any, self: Any, backends: Any) -> None:
-    """torch's fallback after a failed install initializes the package again, which it
-    refuses once initialized ("already initialized"): undo the install and the
-    initialization, and raise what torch's fallback catches."""
+    """Install a package's entries newest first, and undo a failed install.
+
+    Installed entries are tried in the order installed, and never reordered.
+    torch saves them in compile order, so a call served by the latest compile
+    (the dynamic one that automatic dynamic shapes led to) first failed the
+    guards of every earlier entry, where Dynamo's own cache puts the newest
+    entry first.  Each entry's guards decide alone whether it may run, so any
+    order is sound; the newest first costs what a traced cache costs.
+
+    torch's fallback after a failed install initializes the package again,
+    which it refuses once initialized ("already initialized"): undo the install
+    and the initialization, and raise what torch's fallback catches."""
+    saved_order = [(entry, entry.guarded_codes) for entry in self._codes.values()]
+    for entry, guarded in saved_order:
+        entry.guarded_codes = guarded[::-1]
     try:
         return call(self, backends)
     except Exception as error:
         with contextlib.suppress(Exception):
             self.uninstall()
         _forget(self)
+        _WARM.not_used.set(f"install failed: {error!r}"[:200])
         STATE.warn_once("warm start install", f"stableguards: a saved compiled entry could not be installed "
                                               f"({error!r}); compiling as usual")
         raise RuntimeError(f"stableguards: saved entry not installed: {error}") from error
+    finally:
+        for entry, guarded in saved_order:
+            entry.guarded_codes = guarded  # saved again in compile order
 
 
 def _forget(package: Any) -> None:
@@ -311,6 +337,31 @@ def _count_bundled_hit(call: Any, self: Any, example_inputs: Any) -> Any:
     return result
 
 
+def _load_compiled_graph(call: Any, self: Any, constants: Any) -> Any:
+    """Load a cached inductor graph without preparing to compile C++ (see _precompile_header)."""
+    token = _WARM.loading_compiled.set(True)
+    try:
+        return call(self, constants)
+    finally:
+        _WARM.loading_compiled.reset(token)
+
+
+def _precompile_header(call: Any, header: str, hashable_cmd_line: str, **compile_command: Any) -> str | None:
+    """No precompiled header while a cached graph loads.
+
+    Loading a cached CPU graph imports its module, whose C++ kernels are
+    already built in the cache dir; inductor still runs the preprocessor over
+    its kernel header and hashes the output first (0.2 s a process here), to
+    name a precompiled header that only a compile would use.  The kernels'
+    paths do not depend on it (inductor computes them before it).  So a load
+    goes without one; a kernel missing from disk then compiles without a
+    precompiled header: the same binary, more slowly.
+    """
+    if _WARM.loading_compiled.get():
+        return None
+    return call(header, hashable_cmd_line, **compile_command)
+
+
 def _reduce_aot_config(call: Any, self: Any, aot_config: Any) -> Any:
     """AOTAutograd's cache key without the package's backend id.
 
@@ -364,8 +415,9 @@ def _serialize_guards(call: Any, self: Any, builder: Any, sorted_guards: list, o
       torch's check for a Python function is identity of its ``__code__``;
       the guard pickler saves such a function by reference, so a restarted
       process checks the live function's code against the code of the
-      function of that name there.  (A local function is saved by value: its
-      check could never pass, so it stays an identity guard.)  Its closure
+      function of that name there.  A local function is saved by value, but
+      its code by path (``_reduce_code``), so the check is identity with the
+      code object every function from that ``def`` runs there.  Its closure
       cells and globals are guarded on their own.
 
     Code behind those names is the cold run's: torch checks its version and
@@ -383,6 +435,22 @@ def _serialize_guards(call: Any, self: Any, builder: Any, sorted_guards: list, o
             guard = dataclasses.replace(guard, create_fn=replacement, guard_types=None)
         saved.append(guard)
     return call(self, builder, saved, output_graph)
+
+
+def _reduce_code(call: Any, self: Any, obj: Any) -> Any:
+    """The guard pickler saves a local function's code object by its path from an
+    importable function (``warm_start.code_path``), so a restarted process gets
+    the code object its live functions share, and an identity check on
+    ``fn.__code__`` (``CLOSURE_BY_NAME``) can pass there.  Other objects, and
+    code without such a path, are pickled as torch pickles them (by value, a
+    fresh code object that no live function runs: that check never passes)."""
+    import types
+
+    if isinstance(obj, types.CodeType):
+        path = code_path(obj)
+        if path is not None:
+            return code_at, path
+    return call(self, obj)
 
 
 def _keep_builtin(manager: Any, guard: Any, output_graph: Any) -> None:
@@ -413,7 +481,7 @@ def _replacement(guard: Any, builder: Any) -> Any:
     elif kind == "ID_MATCH":  # on a builtin function (all, operator.index): pickled by name
         sound = isinstance(value, types.BuiltinFunctionType) and _importable(value)
     else:  # CLOSURE_MATCH on a plain function is a check of its code (else torch uses FUNCTION_MATCH)
-        sound = type(value) is types.FunctionType and _importable(value)
+        sound = type(value) is types.FunctionType and (_importable(value) or code_path(value.__code__) is not None)
     return _REPLACEMENTS[kind] if sound else None
 
 
@@ -505,7 +573,13 @@ HOOKS = [
          _count_bundled_hit, params=("example_inputs",), lazy=True),
     Hook(_AUTOGRAD_CACHE, "AOTAutogradCachePickler._reduce_aot_config", "precompile", _reduce_aot_config,
          params=("aot_config",), lazy=True),
+    Hook("torch._inductor.output_code", "CompiledFxGraph.after_deserialization", "precompile",
+         _load_compiled_graph, params=("constants",), lazy=True),
+    Hook("torch._inductor.codecache", "_precompile_header", "precompile", _precompile_header,
+         params=("header", "hashable_cmd_line"), lazy=True),
     Hook("torch._dynamo.guards", "CheckFunctionManager.__init__", "precompile", _check_function_manager),
     Hook("torch._dynamo.guards", "CheckFunctionManager.serialize_guards", "precompile", _serialize_guards,
          params=("builder", "sorted_guards", "output_graph")),
+    Hook("torch._dynamo.guards", "GuardsStatePickler.reducer_override", "precompile", _reduce_code,
+         params=("obj",)),
 ]

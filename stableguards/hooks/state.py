@@ -44,18 +44,31 @@ class WarmStartTables:
         # (set for the frame being compiled; see hooks.precompile._count_bundled_hit).
         self.bundling_for_us: contextvars.ContextVar[bool] = contextvars.ContextVar(
             "stableguards_warm_bundling", default=False)
+        # Why the saved entry the current torch.compile(fn) found could not be used, if it could not.
+        self.not_used: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+            "stableguards_warm_not_used", default=None)
+        # Whether inductor is loading a graph it compiled before (hooks.precompile._load_compiled_graph).
+        self.loading_compiled: contextvars.ContextVar[bool] = contextvars.ContextVar(
+            "stableguards_warm_loading_compiled", default=False)
         # Packages made for a warm-start backend -> what their key needs besides the function.
         self.backends: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
         # Packages keyed by stableguards -> their key (only these are saved).
         self.keys: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-        # Code objects with saved entries installed -> (key digest, weak package).
-        self.installed: dict[Any, tuple[str, weakref.ref]] = {}
-        # Code objects -> the keys of every compiled context made for them ("other": no key).
-        self.contexts: dict[Any, set[str]] = {}
+        # by_code(code) -> (key digest, weak package) of the entries installed on it.
+        self.installed: dict[tuple[int, Any], tuple[str, weakref.ref]] = {}
+        # by_code(code) -> the keys of every compiled context made for it ("other": no key).
+        self.contexts: dict[tuple[int, Any], set[str]] = {}
         # Keys of the entries this process saved (never loaded back by it).
         self.saved_here: set[str] = set()
         # Packages whose save waits for a graph compiled later (a backward) -> (key, frame).
         self.pending: weakref.WeakKeyDictionary[Any, tuple[Any, str]] = weakref.WeakKeyDictionary()
+
+    @staticmethod
+    def by_code(code: Any) -> tuple[int, Any]:
+        """A table key for a code object by identity.  Code objects compare equal by
+        content, file aside: ``fn`` in two modules, at the same line with the same
+        body, would share one row.  The key holds the code, so its id stays its own."""
+        return id(code), code
 
     def forget_process(self) -> None:
         """What a restarted process would not know: what it saved and installed, and which

@@ -60,6 +60,31 @@ def transformer() -> tuple:
     return model, inputs, run
 
 
+class ChunkedFeedForward(torch.nn.Module):
+    """BERT's ``chunk_size_feed_forward``: the sequence is cut into S // 4 chunks, which
+    pins S; automatic dynamic shapes mark S dynamic after it varies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ff = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        chunks = x.chunk(x.shape[1] // 4, dim=1)
+        return torch.cat([self.ff(c) for c in chunks], dim=1)
+
+
+def chunk_ff() -> tuple:
+    torch.manual_seed(0)
+    model = ChunkedFeedForward().eval()
+    inputs = [(torch.randn(2, s, 32),) for s in (8, 12, 16, 12)]
+
+    def run(compiled, args):
+        with torch.no_grad():
+            return compiled(*args)
+
+    return model, inputs, run
+
+
 def train_step() -> tuple:
     """A training step: forward with a graph break (logging the loss) in the compiled
     function, backward after it: two frames, each with a forward and a backward graph."""
@@ -88,7 +113,7 @@ def ab_workload(name: str) -> tuple:
     return workload.fn, [workload.make_args(call, gen) for call in workload.calls], lambda c, a: c(*a)
 
 
-REALISTIC = {"transformer": transformer, "train_step": train_step}
+REALISTIC = {"transformer": transformer, "train_step": train_step, "chunk_ff": chunk_ff}
 
 
 def main(name: str) -> dict:
@@ -119,6 +144,8 @@ def main(name: str) -> dict:
     return {
         "compile_s": first_s - steady_s,  # what the first calls cost beyond running
         "frames": frames,
+        "graphs": dynamo_utils.counters["stats"]["unique_graphs"],
+        "fx_misses": dynamo_utils.counters["inductor"]["fxgraph_cache_miss"],
         "dynamo_cache_hit": dynamo_utils.counters["dynamo_cache"]["dynamo_cache_hit"],
         "per_call_us": per_call_us,
         "matches_eager": matches,

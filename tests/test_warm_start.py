@@ -342,6 +342,35 @@ def test_a_kernel_missing_from_the_cache_dir_is_built_again_on_load(tmp_path):
     assert warm["cases"]["kernel"] == {"matches": True, "frames": 0, "counting_calls": 0}, warm["explain"]
     assert all(kernel.exists() for kernel in kernels)
 
+CHUNKED = textwrap.dedent("""
+    import json, torch, torch._dynamo
+    torch._dynamo.config.stable_guards = True
+    import stableguards
+    from torch._dynamo.utils import counters
+
+    def feed_forward(x):  # BERT's chunk_size_feed_forward: S // 4 chunks pin S
+        chunks = x.chunk(x.shape[1] // 4, dim=1)
+        return torch.cat([c.relu() * 2 for c in chunks], dim=1)
+
+    compiled = torch.compile(feed_forward)
+    ok = all(torch.allclose(compiled(x), feed_forward(x)) for x in (torch.randn(2, s, 8) for s in (8, 12, 16, 12)))
+    print(json.dumps({"ok": ok, "graphs": counters["stats"]["unique_graphs"]}))
+""")
+
+
+def test_a_warm_process_builds_no_graph_the_cold_one_did_not(tmp_path):
+    """With a job id torch's profile marks S dynamic from the warm process's first compile,
+    which then builds a graph the cold process never built; the saved entries serve every
+    call the cold process served instead."""
+    if not _warm_start_available():
+        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
+    env = {k: v for k, v in os.environ.items() if k != "STABLEGUARDS_DISABLE"}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path), TORCH_COMPILE_JOB_ID="chunked")
+    runs = [json.loads(subprocess.run([sys.executable, "-c", CHUNKED], env=env, capture_output=True, text=True,
+                                      check=True).stdout.strip().splitlines()[-1]) for _ in range(2)]
+    assert runs[0]["ok"] and runs[0]["graphs"] == 3
+    assert runs[1] == {"ok": True, "graphs": 0}
+
 
 # --- torch's own caches keep their meaning --------------------------------------------
 

@@ -163,6 +163,40 @@ def test_redis_round_trip_and_merge(redis_store):
     assert redis_store.clear("job") and redis_store.read("job") is None
 
 
+def test_a_merge_that_keeps_losing_the_race_warns_and_keeps_what_is_stored(redis_store, monkeypatch, caplog):
+    import redis
+
+    redis_store.merge_write("job", profile_of("L['x']"))
+    real_pipeline = redis_store._client.pipeline
+
+    class LosingPipeline:
+        """Every transaction finds the key changed by another writer."""
+
+        def __init__(self) -> None:
+            self.pipe = real_pipeline()
+
+        def __enter__(self):
+            self.pipe.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.pipe.__exit__(*exc)
+
+        def __getattr__(self, name):
+            return getattr(self.pipe, name)
+
+        def execute(self):
+            self.pipe.reset()  # as redis-py's execute does when a watched key changed
+            raise redis.WatchError("another writer got in first")
+
+    monkeypatch.setattr(redis_store._client, "pipeline", LosingPipeline)
+    monkeypatch.setattr(RedisStore, "MERGE_BUDGET_S", 0.05)
+    with caplog.at_level(logging.WARNING, logger="stableguards"):
+        assert redis_store.merge_write("job", profile_of("L['y']")) is None
+    assert any("kept changing" in r.getMessage() for r in caplog.records)
+    assert redis_store.read("job") == profile_of("L['x']")
+
+
 def test_bad_redis_value_is_moved_aside(redis_store, caplog):
     redis_store._client.set(RedisStore.PREFIX + "job", b"\x80\x04garbage")
     with caplog.at_level(logging.WARNING, logger="stableguards"):

@@ -14,9 +14,11 @@ Both stores share one contract:
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
+import random
 import tempfile
 import time
 import urllib.parse
@@ -230,7 +232,12 @@ class RedisStore(_WarnOnce):
     """Profiles as JSON strings under ``stableguards:pgo:<key>``, merged with WATCH/MULTI."""
 
     PREFIX = "stableguards:pgo:"
-    RETRIES = 20
+    # How long a merge keeps trying while other writers change the value first.  Each
+    # retry waits a random, growing pause: writers that collided then spread out
+    # instead of colliding again (a fixed count of immediate retries lost writes
+    # with eight writers on two cores).
+    MERGE_BUDGET_S = 5.0
+    MAX_PAUSE_S = 0.05
 
     def __init__(self, url: str, timeout_s: float = 2.0) -> None:
         super().__init__()
@@ -257,8 +264,9 @@ class RedisStore(_WarnOnce):
     def merge_write(self, key: str, profile: Profile) -> Profile | None:
         name = self.PREFIX + key
         try:
+            deadline = time.monotonic() + self.MERGE_BUDGET_S
             with self._client.pipeline() as pipe:
-                for _ in range(self.RETRIES):
+                for attempt in itertools.count():
                     try:
                         pipe.watch(name)
                         stored = self._read(pipe, key)
@@ -268,9 +276,12 @@ class RedisStore(_WarnOnce):
                         pipe.execute()
                         return merged
                     except self._redis.WatchError:
-                        continue  # another writer got in first: merge again on top of theirs
-            self.warn(f"contended:{name}", f"{name} changed {self.RETRIES} times while merging; "
-                                           "profile not saved this time")
+                        pass  # another writer got in first: merge again on top of theirs
+                    if time.monotonic() >= deadline:
+                        break
+                    time.sleep(random.uniform(0, min(self.MAX_PAUSE_S, 0.001 * 2 ** attempt)))
+            self.warn(f"contended:{name}", f"{name} kept changing for {self.MERGE_BUDGET_S:.0f} s while "
+                                           "merging; profile not saved this time")
             return None
         except _Untouchable:
             return None

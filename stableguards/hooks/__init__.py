@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from stableguards.hooks.core import FLAG, PARTS, Hook, HookDoesNotFit, apply, enabled, remove, remove_all
-from stableguards.hooks.state import STATE
+from stableguards.hooks.state import STATE, mid_import
 
 log = logging.getLogger("stableguards")
 
@@ -167,7 +167,7 @@ def _after_import(module_name: str, install_hooks: Callable[[ModuleType], None])
     """Run ``install_hooks`` on the module now if it is loaded, else once it is."""
     module = sys.modules.get(module_name)
     if module is not None:
-        if getattr(getattr(module, "__spec__", None), "_initializing", False):
+        if mid_import(module):
             STATE.install_after_import(module_name, install_hooks)  # past the import finder already
         else:
             install_hooks(module)

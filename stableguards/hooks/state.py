@@ -30,6 +30,11 @@ _MAX_WARNED = 1024
 _MAX_COMPILES_NAMED = 256
 
 
+def mid_import(module: Any) -> bool:
+    """Whether ``module`` is in ``sys.modules`` but still running its body."""
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
 class WarmStartTables:
     """What hooks.precompile keeps: packages by the key they load and save under."""
 
@@ -157,7 +162,7 @@ class ProcessState:
     def _install_imported(self) -> None:
         for name in list(self._after_import):
             module = sys.modules.get(name)
-            if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
+            if module is not None and not mid_import(module):
                 for install in self._after_import.pop(name):
                     install(module)
 

@@ -13,7 +13,8 @@ one, each running the same calls.  Columns:
   every process that compiles for it) is done before the clock starts;
 * us/call: a call of the compiled code after everything is compiled, in the
   warm process (guard checks and launch; the fastest of 9 batches of 300):
-  a loaded entry against a traced one;
+  a loaded entry against a traced one; on the last input, and on the first
+  (1st: for chunk_ff the oldest of its entries);
 * ok: every output equalled eager.
 
     python bench/warm_start.py                       # all workloads
@@ -67,6 +68,7 @@ COLUMNS = (
     ("warm s", lambda r: f"{r['warm']['compile_s']:.2f}"),
     ("warm/cold", lambda r: f"{r['warm']['compile_s'] / r['cold']['compile_s']:.3f}"),
     ("us/call", lambda r: f"{r['warm']['per_call_us']:.0f}"),
+    ("us/call 1st", lambda r: f"{r['warm']['per_call_first_us']:.0f}"),
     ("ok", lambda r: "yes" if r["cold"]["matches_eager"] and r["warm"]["matches_eager"] else "NO"),
 )
 

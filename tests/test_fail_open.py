@@ -62,8 +62,9 @@ _WARM_RUNS = itertools.count(2)
 def warm_start_calls() -> None:
     """Compile for inductor (entries saved; one compile left out: a local class cannot be
     checked by name), then forget this process saved them and compile again, as a restarted
-    process would: the entry is loaded and installed.  A new constant each run: a kernel
-    this process has not built yet, so inductor's C++ build path is reached."""
+    process would: the entry is loaded and installed, and first called under a stance that
+    never compiles.  A new constant each run: a kernel this process has not built yet, so
+    inductor's C++ build path is reached."""
 
     class Local:
         pass
@@ -78,8 +79,10 @@ def warm_start_calls() -> None:
         return t + 1 if isinstance(local, Local) else t - 1
 
     x = torch.randn(8)
-    for _ in range(2):
-        torch.testing.assert_close(torch.compile(saved)(x), x.cos() * scale)
+    for run in range(2):
+        compiled = torch.compile(saved)
+        with torch.compiler.set_stance("eager_on_recompile" if run else "default"):
+            torch.testing.assert_close(compiled(x), x.cos() * scale)
         torch.testing.assert_close(torch.compile(left_out)(x), x + 1)
         torch._dynamo.reset()
         STATE.warm.forget_process()

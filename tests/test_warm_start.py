@@ -343,19 +343,40 @@ def test_a_kernel_missing_from_the_cache_dir_is_built_again_on_load(tmp_path):
     assert all(kernel.exists() for kernel in kernels)
 
 CHUNKED = textwrap.dedent("""
-    import json, torch, torch._dynamo
+    import json, sys, torch, torch._dynamo
     torch._dynamo.config.stable_guards = True
     import stableguards
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list, _debug_get_precompile_entries
     from torch._dynamo.utils import counters
 
     def feed_forward(x):  # BERT's chunk_size_feed_forward: S // 4 chunks pin S
         chunks = x.chunk(x.shape[1] // 4, dim=1)
         return torch.cat([c.relu() * 2 for c in chunks], dim=1)
 
+    torch.compiler.set_stance(sys.argv[1])
     compiled = torch.compile(feed_forward)
-    ok = all(torch.allclose(compiled(x), feed_forward(x)) for x in (torch.randn(2, s, 8) for s in (8, 12, 16, 12)))
-    print(json.dumps({"ok": ok, "graphs": counters["stats"]["unique_graphs"]}))
+    xs = {s: torch.randn(2, s, 8) for s in (8, 12, 16)}
+    ok = all(torch.allclose(compiled(xs[s]), feed_forward(xs[s])) for s in (8, 12, 16, 12))
+    try:
+        compiled(torch.randn(2, int(sys.argv[2]), 8))
+        new_shape = "compiled"
+    except RuntimeError as error:
+        new_shape = "refused" if "recompile" in str(error) else repr(error)
+    # Which shape each of Dynamo's cache entries serves, front first.
+    entries = [[s for s, x in xs.items() if e.guard_manager.check({"x": x})]
+               for e in _debug_get_cache_entry_list(feed_forward.__code__)]
+    print(json.dumps({"ok": ok, "graphs": counters["stats"]["unique_graphs"], "frames": counters["frames"]["total"],
+                      "new_shape": new_shape, "cache": entries,
+                      "precompiled": len(_debug_get_precompile_entries(feed_forward.__code__))}))
 """)
+
+
+def _chunked(cache: Path, stance: str = "default", job_id: str | None = None, new_shape: int = 20) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("STABLEGUARDS_DISABLE", "TORCH_COMPILE_JOB_ID")}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), **({"TORCH_COMPILE_JOB_ID": job_id} if job_id else {}))
+    proc = subprocess.run([sys.executable, "-c", CHUNKED, stance, str(new_shape)], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_a_warm_process_builds_no_graph_the_cold_one_did_not(tmp_path):
@@ -364,12 +385,25 @@ def test_a_warm_process_builds_no_graph_the_cold_one_did_not(tmp_path):
     call the cold process served instead."""
     if not _warm_start_available():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
-    env = {k: v for k, v in os.environ.items() if k != "STABLEGUARDS_DISABLE"}
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path), TORCH_COMPILE_JOB_ID="chunked")
-    runs = [json.loads(subprocess.run([sys.executable, "-c", CHUNKED], env=env, capture_output=True, text=True,
-                                      check=True).stdout.strip().splitlines()[-1]) for _ in range(2)]
-    assert runs[0]["ok"] and runs[0]["graphs"] == 3
-    assert runs[1] == {"ok": True, "graphs": 0}
+    cold, warm = (_chunked(tmp_path, job_id="chunked") for _ in range(2))
+    assert cold["ok"] and cold["graphs"] == 4  # S = 8, 12 (dynamic), 16, 20
+    assert warm["ok"] and warm["graphs"] == 0 and warm["frames"] == 0
+
+
+def test_loaded_entries_join_dynamos_cache_as_traced_ones_do(tmp_path):
+    """A loaded entry becomes one of Dynamo's cache entries on its first call, so the
+    entry that served the last call is tried first, as in the cold process; under
+    fail_on_recompile from the first call, saved shapes run and a new one is refused."""
+    if not _warm_start_available():
+        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
+    cold = _chunked(tmp_path)
+    warm = _chunked(tmp_path, new_shape=24)  # a recompile beside the loaded entries
+    strict = _chunked(tmp_path, stance="fail_on_recompile", new_shape=28)  # 24 was saved by warm
+    # The last call's entry (S=20 or 24) in front; then the most recently used first, as
+    # the cold process has them.
+    assert cold["cache"] == warm["cache"] == [[], [12], [16], [8]]
+    assert (warm["ok"], warm["frames"], warm["new_shape"], warm["precompiled"]) == (True, 1, "compiled", 0)
+    assert (strict["ok"], strict["frames"], strict["new_shape"]) == (True, 0, "refused")
 
 
 # --- torch's own caches keep their meaning --------------------------------------------

@@ -17,9 +17,12 @@ saving and installing.  Alone it is unsafe; here, with the flag on:
   compile, which is left out of the entry (torch's per-compile bypass), so a
   warm process traces that frame again;
 * a load or install that fails falls back to a normal compile, with one warning;
-* a restarted process pays what a traced cache costs, no more: entries go in
-  newest first (``_install``), and loading a cached graph skips inductor's
-  precompiled-header step (``_precompile_header``).
+* a restarted process pays what a traced cache costs, no more: a loaded entry
+  joins Dynamo's cache on its first call (``_keep_loaded``, ``_serve_loaded``),
+  where the entry that passed moves to the front and only its own backend is
+  served (torch's precompiled entries are tried first, in a fixed order, for
+  any backend), and loading a cached graph skips inductor's precompiled-header
+  step (``_precompile_header``).
 
 Needs torch's per-compile bypass (``CompilePackage.bypass_current_compile``,
 torch 2.15): with a per-function bypass one unsaveable compile drops the
@@ -204,12 +207,12 @@ def _initialize(call: Any, self: Any, fn: Any, dynamo: Any = None, *args: Any, *
 def _install(call: Any, self: Any, backends: Any) -> None:
     """Install a package's entries newest first, and undo a failed install.
 
-    Installed entries are tried in the order installed, and never reordered.
-    torch saves them in compile order, so a call served by the latest compile
-    (the dynamic one that automatic dynamic shapes led to) first failed the
-    guards of every earlier entry, where Dynamo's own cache puts the newest
-    entry first.  Each entry's guards decide alone whether it may run, so any
-    order is sound; the newest first costs what a traced cache costs.
+    The entries go to ``_keep_loaded``, which waits for a call to admit each to
+    Dynamo's cache; where two would pass a call's guards, the first installed
+    wins.  torch saves them in compile order; Dynamo's own cache tries the
+    newest entry first (the dynamic one that automatic dynamic shapes led to),
+    and so does this.  Each entry's guards decide alone whether it may run, so
+    any order is sound.
 
     torch's fallback after a failed install initializes the package again,
     which it refuses once initialized ("already initialized"): undo the install
@@ -217,19 +220,124 @@ def _install(call: Any, self: Any, backends: Any) -> None:
     saved_order = [(entry, entry.guarded_codes) for entry in self._codes.values()]
     for entry, guarded in saved_order:
         entry.guarded_codes = guarded[::-1]
+    installing = _WARM.installing.set(self)
     try:
         return call(self, backends)
     except Exception as error:
         with contextlib.suppress(Exception):
             self.uninstall()
+        _WARM.drop_loaded(self)
         _forget(self)
         _WARM.not_used.set(f"install failed: {error!r}"[:200])
         STATE.warn_once("warm start install", f"stableguards: a saved compiled entry could not be installed "
                                               f"({error!r}); compiling as usual")
         raise RuntimeError(f"stableguards: saved entry not installed: {error}") from error
     finally:
+        _WARM.installing.reset(installing)
         for entry, guarded in saved_order:
             entry.guarded_codes = guarded  # saved again in compile order
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LoadedEntry:
+    """A saved entry, loaded and waiting for its first call: its guards and code."""
+
+    package: weakref.ref
+    guard_manager: Any
+    code: Any
+    compile_id: Any
+
+
+def _keep_loaded(call: Any, code: Any, guard_manager: Any, dynamo_code: Any) -> None:
+    """Keep a loaded entry for Dynamo's own cache, not in torch's list of precompiled ones.
+
+    Dynamo checks precompiled entries before its cache, in the order installed,
+    for every backend.  A process that runs a function's entries in another
+    order than they were compiled pays their failed guards on every call (a
+    dynamic entry's shape guards: about 11 us each, chunk_ff), where a traced
+    process moves the entry that passed to the front.  Kept here, an entry
+    joins Dynamo's cache on its first call (``_serve_loaded``): from then on it
+    is an entry like a traced one, moved to the front when it passes and
+    checked only for its own backend.
+    """
+    package = _WARM.installing.get()
+    if package is None or not _misses_compile():
+        return call(code, guard_manager, dynamo_code)
+    from torch._guards import CompileContext
+
+    entry = LoadedEntry(weakref.ref(package), guard_manager, dynamo_code, CompileContext.current_compile_id())
+    _WARM.loaded.setdefault(_WARM.by_code(code), []).append(entry)
+    return None
+
+
+def _serve_loaded(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
+    """A call no cache entry serves: the first loaded entry of this compiled context whose
+    guards pass becomes the frame's cache entry, as a compile would make it.
+
+    Sound as a compile's result is: the entry's guards are checked on this call
+    (and on every later one, by Dynamo), and they are the cold compile's, none
+    dropped (``_serialize_guards``).  Only the compiled context that loaded it
+    (its package) is served, so another backend compiling the same code
+    compiles its own.  Nothing is traced, and no frame is counted."""
+    rows = _WARM.loaded.get(_WARM.by_code(frame.f_code)) if _WARM.loaded else None
+    if rows:
+        package = getattr(getattr(self, "_inner_convert", None), "_package", None)
+        for entry in rows:
+            if entry.package() is package and package is not None and entry.guard_manager.check(frame.f_locals):
+                return _admit(frame.f_code, entry)
+    return call(self, frame, *args, **kwargs)
+
+
+def _admit(code: Any, entry: LoadedEntry) -> Any:
+    """What a compile of ``code`` returns and records, for a loaded entry."""
+    from torch._dynamo.convert_frame import orig_code_map, output_codes
+    from torch._dynamo.types import GuardedCode, wrap_guarded_code
+
+    rows = _WARM.loaded.get(_WARM.by_code(code), [])
+    with contextlib.suppress(ValueError):  # another thread admitted it first: a duplicate entry, harmless
+        rows.remove(entry)
+    if not rows:
+        _WARM.loaded.pop(_WARM.by_code(code), None)
+    # A later recompile names the guard that failed under the original code; reset clears both.
+    orig_code_map[entry.code] = code
+    output_codes.add(entry.code)
+    return wrap_guarded_code(GuardedCode(entry.code, entry.guard_manager, entry.compile_id, "warm start"))
+
+
+def _uninstall(call: Any, self: Any) -> None:
+    call(self)
+    _WARM.drop_loaded(self)
+
+
+def _reset_code_caches(call: Any) -> None:
+    """torch._dynamo.reset() drops Dynamo's cache entries: the loaded ones waiting too."""
+    call()
+    _WARM.drop_loaded()
+
+
+def _misses_compile() -> bool:
+    """Whether a call no cache entry serves reaches ``_serve_loaded``: not under a stance
+    that never compiles then (fail_on_recompile, eager_on_recompile,
+    skip_guard_eval_unsafe) or compiles with a callback of its own (eager_then_compile)."""
+    from torch._dynamo import eval_frame
+
+    return eval_frame._stance.stance == "default" and not eval_frame._stance.skip_guard_eval_unsafe
+
+
+def _set_stance(call: Any, stance: Any) -> Any:
+    """Under a stance where a miss does not reach ``_serve_loaded`` (``_misses_compile``),
+    the loaded entries still waiting go to torch's precompiled list, which Dynamo
+    checks before anything else: as torch installs them."""
+    prior = call(stance)
+    if not _misses_compile() and _WARM.loaded:
+        from torch._C._dynamo.eval_frame import _load_precompile_entry
+
+        rows, _WARM.loaded = _WARM.loaded, {}
+        for (_, code), entries in rows.items():
+            for entry in entries:
+                if entry.package() is not None:
+                    _load_precompile_entry(code, entry.guard_manager, entry.code)
+    return prior
 
 
 def _forget(package: Any) -> None:
@@ -556,6 +664,11 @@ HOOKS = [
     Hook(_PACKAGE, "CompilePackage.source_id_from_fn", "precompile", _source_id_from_fn, params=("fn",)),
     Hook(_PACKAGE, "CompilePackage.initialize", "precompile", _initialize, params=("fn", "dynamo")),
     Hook(_PACKAGE, "CompilePackage.install", "precompile", _install, params=("backends",)),
+    Hook(_PACKAGE, "CompilePackage.uninstall", "precompile", _uninstall),
+    Hook("torch._C._dynamo.eval_frame", "_load_precompile_entry", "precompile", _keep_loaded),
+    Hook("torch._dynamo.convert_frame", "ConvertFrame.__call__", "precompile", _serve_loaded, params=("frame",)),
+    Hook("torch._dynamo", "reset_code_caches", "precompile", _reset_code_caches),
+    Hook("torch._dynamo.decorators", "_set_stance", "precompile", _set_stance, params=("stance",)),
     # Feature detection only: per-compile bypass (see the module docstring).
     Hook(_PACKAGE, "CompilePackage.bypass_current_compile", "precompile", lambda call, *a, **k: call(*a, **k)),
     Hook("torch._dynamo.convert_frame", "ConvertFrameAssert.__call__", "precompile", _convert_frame,

@@ -67,6 +67,21 @@ class WarmStartTables:
         self.saved_here: set[str] = set()
         # Packages whose save waits for a graph compiled later (a backward) -> (key, frame).
         self.pending: weakref.WeakKeyDictionary[Any, tuple[Any, str]] = weakref.WeakKeyDictionary()
+        # The package whose entries are being installed (hooks.precompile._install).
+        self.installing: contextvars.ContextVar[Any] = contextvars.ContextVar(
+            "stableguards_warm_installing", default=None)
+        # by_code(code) -> loaded entries not yet in Dynamo's cache, in the order tried
+        # (hooks.precompile.LoadedEntry).
+        self.loaded: dict[tuple[int, Any], list[Any]] = {}
+
+    def drop_loaded(self, package: Any = None) -> None:
+        """Forget the loaded entries of ``package`` (of every package if None)."""
+        for row, entries in list(self.loaded.items()):
+            kept = [e for e in entries if package is not None and e.package() not in (package, None)]
+            if kept:
+                self.loaded[row] = kept
+            else:
+                del self.loaded[row]
 
     @staticmethod
     def by_code(code: Any) -> tuple[int, Any]:

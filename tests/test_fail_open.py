@@ -88,8 +88,34 @@ def warm_start_calls() -> None:
         STATE.warm.forget_process()
 
 
+def warm_start_training() -> None:
+    """A training step compiled for a saved entry: its backward compiles on first use."""
+    model = torch.nn.Linear(4, 2)
+    compiled = torch.compile(lambda x: model(x).sum())
+    x = torch.randn(3, 4, requires_grad=True)
+    compiled(x).backward()
+    expected = x.grad.clone()
+    x.grad = None
+    model(x).sum().backward()
+    torch.testing.assert_close(x.grad, expected)
+
+
+@torch._dynamo.assume_constant_result
+def _constant():
+    return 3.0
+
+
+def warm_start_constants() -> None:
+    x = torch.randn(4)
+    torch.testing.assert_close(torch.compile(lambda t: t * _constant())(x), x * 3.0)
+
+
 def workload_for(hook) -> None:
-    if hook.part == "precompile":
+    if hook.target == "_AutogradBackwardCompiler.get_or_compile":
+        warm_start_training()
+    elif hook.target == "invoke_and_store_as_constant":
+        warm_start_constants()
+    elif hook.part == "precompile":
         warm_start_calls()
     elif hook.module.startswith(("torch._inductor", "torch._functorch")):
         inductor_call()

@@ -304,7 +304,7 @@ def test_a_corrupt_or_failing_entry_compiles_as_usual(tmp_path, monkeypatch, cap
     with torch._dynamo.config.patch(stable_guards=True):
         _restart_in_process()
         torch.testing.assert_close(torch.compile(f)(x), f(x))  # cold: saved
-        [entry] = (tmp_path / "dynamo").glob("*/entry")
+        [entry] = (tmp_path / "stableguards" / "warm_start" / "entries").glob("*/entry")
         entry.write_bytes(entry.read_bytes()[:64])
         _restart_in_process()
         frames = dynamo_utils.counters["frames"]["total"]

@@ -88,6 +88,16 @@ def install() -> None:
         if part not in STATE.installed:
             _install_part(part, hooks)
     _attach_log_artifact()
+    _skip_in_dynamo()
+
+
+def _skip_in_dynamo() -> None:
+    """Dynamo never traces stableguards' own code: a hook called while a compiled region
+    runs (compiled autograd calls torch.compile) is skipped, as torch's own files are."""
+    from torch._dynamo import trace_rules
+
+    if not any(d.startswith(os.path.dirname(os.path.dirname(__file__))) for d in trace_rules.SKIP_DIRS):
+        trace_rules.add(__name__.split(".")[0])
 
 
 def _install_part(part: str, hooks: list[Hook]) -> None:

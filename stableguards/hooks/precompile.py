@@ -1,28 +1,31 @@
 """Warm start: save each compiled frame's entry, install it in a restarted process.
 
-torch's ``caching_precompile`` machinery (``torch._dynamo.package``) does the
-saving and installing.  Alone it is unsafe; here, with the flag on:
+torch's package machinery (``torch._dynamo.package.CompilePackage``) saves a
+compiled frame (guards, transformed bytecode, graph artifacts) and installs it
+in another process.  Here it serves a store of stableguards' own, beside
+torch's, and only compiles stableguards set up; a user's ``caching_precompile``,
+``CompilePackage`` or ``strict_precompile`` get torch's behaviour, untouched.
+With the flag on:
 
-* it runs for backends whose compiled code torch can serialize (inductor: the
-  bundled AOTAutograd entry); other backends compile as usual;
-* entries are saved when compiled, not only on ``save_cache_artifacts()``;
-* the entry's key is ``stableguards.warm_start.entry_key``: module, file, code
-  hash, receiver class, backend fingerprint, ``dynamic``, and the Dynamo,
-  inductor and functorch configurations, not only qualname and first line;
-* no guard is dropped.  torch drops identity guards (``ID_MATCH``,
-  ``CLOSURE_MATCH``, ``DICT_VERSION`` and what derives from them) under
-  ``caching_precompile``, in the live process too.  They are kept here: those
-  on objects a restarted process finds by name are saved as checks by name
-  (``_serialize_guards``); any other makes ``serialize_guards`` refuse the
-  compile, which is left out of the entry (torch's per-compile bypass), so a
-  warm process traces that frame again;
+* a compile for a backend whose code torch can serialize (inductor) gets a
+  package of ours (``_optimize``); other compiles are torch's;
+* ``torch.compile(fn)`` looks the entry up under stableguards' key
+  (``warm_start.entry_key``: module, file, code hash, receiver class, backend
+  fingerprint, ``dynamic``, the Dynamo, inductor and functorch configurations)
+  and installs it (``_context_call``); entries are saved when compiled;
+* nothing is trusted that is not checked: an entry's guards are saved with
+  its proof (``_serialize_guards``, ``hooks.warm_proof``), checked by loading
+  them back before the entry is saved, and again in the restarted process on
+  the call the entry would serve first (``_serve_loaded``);
 * a load or install that fails falls back to a normal compile, with one warning;
 * a restarted process pays what a traced cache costs, no more: a loaded entry
   joins Dynamo's cache on its first call (``_keep_loaded``, ``_serve_loaded``),
   where the entry that passed moves to the front and only its own backend is
-  served (torch's precompiled entries are tried first, in a fixed order, for
-  any backend), and loading a cached graph skips inductor's precompiled-header
-  step (``_precompile_header``).
+  served, and loading a cached graph skips inductor's precompiled-header step
+  (``_precompile_header``);
+* every switch is scoped to our compiles: AOTAutograd bundling, the guard
+  pickler's by-path code objects, the AOTAutograd key without the package's
+  backend id.
 
 Needs torch's per-compile bypass (``CompilePackage.bypass_current_compile``,
 torch 2.15): with a per-function bypass one unsaveable compile drops the
@@ -33,28 +36,34 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import json
 import os
-import uuid
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from stableguards.hooks.core import Hook, cache_subdir, registered_name
+from stableguards.hooks.core import Hook, TorchError, cache_subdir, registered_name
 from stableguards.hooks.state import STATE
-from stableguards.pgo.store import atomic_write
 from stableguards.warm_start import EntryKey, code_at, code_path, entry_key
+from stableguards.warm_start.index import changed_components, write_index
+from stableguards.warm_start.guard_rules import Unprovable
 
 _PACKAGE = "torch._dynamo.package"
 _AUTOGRAD_CACHE = "torch._functorch._aot_autograd.autograd_cache"
 _WARM = STATE.warm  # this part's tables (hooks.state.WarmStartTables)
+# Bumped when what an entry holds changes meaning: older entries are then never found.
+_ENTRY_FORMAT = "2"
 
 
-def _precompiling(on: bool) -> contextlib.AbstractContextManager[None]:
-    import torch._dynamo.config as dynamo_config
+@dataclasses.dataclass
+class Ours:
+    """A package stableguards made: what its key needs besides the function; once
+    torch.compile(fn) ran, the key and the function's code."""
 
-    return dynamo_config.patch(caching_precompile=on)
+    backend: str
+    dynamic: Any
+    key: EntryKey | None = None
+    code: Any = None
 
 
 def _serializable(backend: Any) -> bool:
@@ -67,68 +76,102 @@ def _serializable(backend: Any) -> bool:
 
 
 def _optimize(call: Any, rebuild_ctx: Any, backend: Any = "inductor", *args: Any, **kwargs: Any) -> Any:
-    """Give a compile for a serializable backend a package, as caching_precompile would."""
-    if kwargs.get("package") is not None or kwargs.get("disable") or not _serializable(backend):
+    """Give a compile for a serializable backend a package of ours.  A user who set torch's
+    caching_precompile, or passed a package, gets torch's own."""
+    import torch._dynamo.config as dynamo_config
+
+    if kwargs.get("package") is not None or kwargs.get("disable") or dynamo_config.caching_precompile \
+            or not _serializable(backend):
         return call(rebuild_ctx, backend, *args, **kwargs)
+    from torch._dynamo.package import CompilePackage
+
     from stableguards.hooks.backends import backend_fingerprint
 
     fingerprint = backend_fingerprint(backend)
-    with _precompiling(True):
-        ctx = call(rebuild_ctx, backend, *args, **kwargs)
-    package = getattr(ctx, "_package", None)
-    if package is not None and fingerprint.stable:
-        _WARM.backends[package] = {"backend": f"{fingerprint.description} #{fingerprint.digest}",
-                              "dynamic": kwargs.get("dynamic")}
-    return ctx
+    if not fingerprint.stable:
+        return call(rebuild_ctx, backend, *args, **kwargs)
+    package = CompilePackage(fn=None, dynamo=None, ignore_inlined_sources=False)
+    _WARM.ours[package] = Ours(f"{fingerprint.description} #{fingerprint.digest}", kwargs.get("dynamic"))
+    return call(rebuild_ctx, backend, *args, **{**kwargs, "package": package})
 
 
 def _context_call(call: Any, self: Any, fn: Any) -> Any:
-    """torch.compile(fn): look the entry up under stableguards' key, then install it.
+    """torch.compile(fn): initialize our package for ``fn``, with the saved entry under
+    stableguards' key if there is one, installed.
 
     Installed entries live on the code object and serve every compiled context
     that runs it, whatever its backend, so one code object gets entries from
     one key only: a second context for it with another key (another backend,
     options, receiver class) uninstalls them, and a context created after
-    another one loads nothing.  Both then compile as usual.
+    another one loads nothing.  Both then compile as usual.  A callable with no
+    code of its own (a ``functools.partial``, a callable object) compiles
+    without a package, as it would with the flag off.
     """
     package = getattr(self, "_package", None)
-    if package is not None and package.is_initialized():
+    ours = _WARM.ours.get(package) if package is not None else None
+    if ours is None or package.is_initialized():
         return call(self, fn)
     target = _target(fn)
     code = getattr(getattr(target, "__func__", target), "__code__", None)
-    key = _key_for(package, target, code) if package is not None else None
-    if code is not None and not _claim(code, key.digest if key is not None else None):
-        key = None
-    if package is None:
+    key = _key_for(ours, target) if code is not None else None
+    if code is None or not _claim(code, key.digest if key is not None else None) or key is None:
+        self._package = None  # torch's compile, without a package
         return call(self, fn)
+    ours.key, ours.code = key, code
     # Warm start is for a restarted process.  An entry this process saved itself
     # is not loaded back (after torch._dynamo.reset(), say): torch's own caches
     # serve that compile, as without the flag.
-    loadable = key is not None and key.digest not in _WARM.saved_here
-    # A package with no key of ours (a backend with an identity, code we cannot
-    # hash, a shared code object) still needs torch's initialization; a fresh
-    # random key finds nothing, and it is never saved.
-    token = _WARM.loading.set(key.digest if loadable else f"unkeyed-{uuid.uuid4().hex}")
-    not_used = _WARM.not_used.set(None)
-    hits = _dynamo_cache_hits()
+    entry = _load(key, code) if key.digest not in _WARM.saved_here else None
+    _initialize(package, target, entry, code, key)
+    return call(self, fn)
+
+
+def _load(key: EntryKey, code: Any) -> Any:
+    """The saved entry under ``key``, or None (nothing saved, or unreadable: one warning)."""
+    path = _store_path(key.digest)
+    if not path.exists():
+        _explain_miss(code, key)
+        return None
     try:
-        with _precompiling(True):
-            result = call(self, fn)
-        reason = _WARM.not_used.get()
-    finally:
-        _WARM.loading.reset(token)
-        _WARM.not_used.reset(not_used)
-    if key is not None:
-        package.__dict__["source_id"] = key.digest  # the cached_property saves use
-        _WARM.keys[package] = key
-        if reason is not None:
-            STATE.manager.note_warm_start_not_used(_frame_name(code), reason)
-        elif _dynamo_cache_hits() > hits:
+        return _store().load_cache_entry(key.digest)
+    except Exception as error:  # noqa: BLE001 - a corrupt or foreign entry: compile as usual
+        STATE.warn_once("warm start load", f"stableguards: a saved compiled entry could not be read ({error!r:.200}); "
+                                           f"compiling as usual")
+        STATE.manager.note_warm_start_not_used(_frame_name(code), f"unreadable: {error!r:.200}")
+        return None
+
+
+def _initialize(package: Any, target: Any, entry: Any, code: Any, key: EntryKey) -> None:
+    """Initialize ``package`` for ``target`` with the saved entry installed; on any failure,
+    fresh (torch's own constructor resets a package that half-installed)."""
+    if entry is not None:
+        try:
+            package.initialize(target, entry.dynamo, ignore_inlined_sources=False)
+            _install(package, entry.backends)
+        except Exception as error:  # noqa: BLE001 - changed sources, versions, a failed install
+            with contextlib.suppress(Exception):
+                package.uninstall()
+            _WARM.drop_loaded(package)
+            package.__init__(fn=None, dynamo=None, ignore_inlined_sources=False)
+            STATE.manager.note_warm_start_not_used(_frame_name(code), f"{error!r:.200}")
+        else:
             _WARM.installed[_WARM.by_code(code)] = (key.digest, weakref.ref(package))
             STATE.manager.note_warm_start_loaded(_frame_name(code))
-        else:
-            _explain_miss(code, key)
-    return result
+            return
+    package.initialize(target, None, ignore_inlined_sources=False)
+
+
+def _install(package: Any, backends: Any) -> None:
+    """Install a package's entries (``_keep_loaded`` receives each).  A failure warns once."""
+    token = _WARM.installing.set(package)
+    try:
+        package.install(backends)
+    except Exception as error:
+        STATE.warn_once("warm start install", f"stableguards: a saved compiled entry could not be installed "
+                                              f"({error!r}); compiling as usual")
+        raise
+    finally:
+        _WARM.installing.reset(token)
 
 
 def _claim(code: Any, digest: str | None) -> bool:
@@ -158,15 +201,12 @@ def _target(fn: Any) -> Any:
     return innermost_fn(fn.forward if isinstance(fn, torch.nn.Module) else fn)
 
 
-def _key_for(package: Any, target: Any, code: Any) -> EntryKey | None:
+def _key_for(ours: Ours, target: Any) -> EntryKey:
     from torch._dynamo.package import CompilePackage
 
-    backend = _WARM.backends.get(package)
-    if backend is None or code is None:
-        return None
-    return entry_key(torch_key=CompilePackage.source_id_from_fn(target), fn=target,
-                     backend=backend["backend"], options={"dynamic": backend["dynamic"]},
-                     configs=_configs())
+    key = entry_key(torch_key=CompilePackage.source_id_from_fn(target), fn=target, backend=ours.backend,
+                    options={"dynamic": ours.dynamic}, configs=_configs())
+    return EntryKey((("format", _ENTRY_FORMAT), *key.components))
 
 
 def _configs() -> dict[str, dict[str, Any]]:
@@ -176,66 +216,20 @@ def _configs() -> dict[str, dict[str, Any]]:
 
     from stableguards.hooks.core import FLAG
 
-    dynamo = {k: v for k, v in dynamo_config.get_config_copy().items() if k not in (FLAG, "caching_precompile")}
+    dynamo = {k: v for k, v in dynamo_config.get_config_copy().items() if k != FLAG}
     return {"dynamo": dynamo, "inductor": inductor_config.get_config_copy(),
             "functorch": functorch_config.get_config_copy()}
 
 
-def _dynamo_cache_hits() -> int:
-    from torch._dynamo.utils import counters
+def _store() -> Any:
+    """Our entries' store: torch's disk store, in a directory of ours."""
+    from torch._dynamo.package import DiskDynamoStore
 
-    return counters["dynamo_cache"]["dynamo_cache_hit"]
-
-
-def _source_id_from_fn(call: Any, fn: Any) -> str:
-    return _WARM.loading.get() or call(fn)
+    return DiskDynamoStore(str(cache_subdir("warm_start") / "entries"))
 
 
-def _initialize(call: Any, self: Any, fn: Any, dynamo: Any = None, *args: Any, **kwargs: Any) -> None:
-    """A saved entry that does not initialize (changed source, versions) leaves the package
-    as it was, so torch's fallback can initialize it fresh."""
-    if dynamo is None:
-        return call(self, fn, dynamo, *args, **kwargs)
-    try:
-        return call(self, fn, dynamo, *args, **kwargs)
-    except Exception as error:
-        _forget(self)
-        _WARM.not_used.set(f"{error}"[:200])
-        raise RuntimeError(f"stableguards: saved entry not used: {error}") from error
-
-
-def _install(call: Any, self: Any, backends: Any) -> None:
-    """Install a package's entries newest first, and undo a failed install.
-
-    The entries go to ``_keep_loaded``, which waits for a call to admit each to
-    Dynamo's cache; where two would pass a call's guards, the first installed
-    wins.  torch saves them in compile order; Dynamo's own cache tries the
-    newest entry first (the dynamic one that automatic dynamic shapes led to),
-    and so does this.  Each entry's guards decide alone whether it may run, so
-    any order is sound.
-
-    torch's fallback after a failed install initializes the package again,
-    which it refuses once initialized ("already initialized"): undo the install
-    and the initialization, and raise what torch's fallback catches."""
-    saved_order = [(entry, entry.guarded_codes) for entry in self._codes.values()]
-    for entry, guarded in saved_order:
-        entry.guarded_codes = guarded[::-1]
-    installing = _WARM.installing.set(self)
-    try:
-        return call(self, backends)
-    except Exception as error:
-        with contextlib.suppress(Exception):
-            self.uninstall()
-        _WARM.drop_loaded(self)
-        _forget(self)
-        _WARM.not_used.set(f"install failed: {error!r}"[:200])
-        STATE.warn_once("warm start install", f"stableguards: a saved compiled entry could not be installed "
-                                              f"({error!r}); compiling as usual")
-        raise RuntimeError(f"stableguards: saved entry not installed: {error}") from error
-    finally:
-        _WARM.installing.reset(installing)
-        for entry, guarded in saved_order:
-            entry.guarded_codes = guarded  # saved again in compile order
+def _store_path(digest: str) -> Path:
+    return cache_subdir("warm_start") / "entries" / digest / "entry"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -246,6 +240,27 @@ class LoadedEntry:
     guard_manager: Any
     code: Any
     compile_id: Any
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LoadedProof:
+    """Kept on a loaded entry's guard manager (``_load_guard_manager``): what it must prove,
+    the guard state it was built from, and the globals it checks."""
+
+    proof: Any
+    guards_state: Any
+    f_globals: dict
+
+
+def _refusal(guard_manager: Any, f_locals: dict) -> str | None:
+    """Why a loaded entry whose guards passed on this call may not serve it: its tree, written
+    on this call, does not prove what the cold one did (``hooks.warm_proof.verify``)."""
+    from stableguards.hooks import warm_proof
+
+    loaded = getattr(guard_manager, "stableguards", None)
+    if loaded is None:
+        return "it was loaded without its proof"
+    return warm_proof.verify(loaded.proof, guard_manager, loaded.guards_state, f_locals, loaded.f_globals)
 
 
 def _keep_loaded(call: Any, code: Any, guard_manager: Any, dynamo_code: Any) -> None:
@@ -261,31 +276,73 @@ def _keep_loaded(call: Any, code: Any, guard_manager: Any, dynamo_code: Any) -> 
     checked only for its own backend.
     """
     package = _WARM.installing.get()
-    if package is None or not _misses_compile():
+    if package is None:
         return call(code, guard_manager, dynamo_code)
+    if not _misses_compile():
+        return call(code, _proven_on_first_pass(code, guard_manager), dynamo_code)
     from torch._guards import CompileContext
 
     entry = LoadedEntry(weakref.ref(package), guard_manager, dynamo_code, CompileContext.current_compile_id())
-    _WARM.loaded.setdefault(_WARM.by_code(code), []).append(entry)
+    # torch installs entries in compile order; Dynamo's own cache tries the newest first
+    # (the dynamic one automatic dynamic shapes led to), and so do these.  Each entry's
+    # guards decide alone whether it may serve, so any order is sound.
+    _WARM.loaded.setdefault(_WARM.by_code(code), []).insert(0, entry)
     return None
+
+
+def _proven_on_first_pass(code: Any, guard_manager: Any) -> Any:
+    """A loaded entry going to torch's precompiled list, which Dynamo's C++ serves directly
+    (under a stance where a miss never reaches ``_serve_loaded``): its proof is checked
+    by an epilogue guard, which runs once every other guard has passed, on the first
+    call that passes them; after that it answers from memory."""
+    outcome: list[bool] = []
+    frame = _frame_name(code)
+
+    def proven(f_locals: dict) -> bool:
+        if not outcome:
+            why = _refusal(guard_manager, f_locals)
+            outcome.append(why is None)
+            if why is not None:
+                STATE.manager.note_warm_start_not_used(frame, why)
+        return outcome[0]
+
+    guard_manager.root.add_epilogue_lambda_guard(proven, ["stableguards: the warm-start entry's proof holds"],
+                                                 None)
+    return guard_manager
 
 
 def _serve_loaded(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
     """A call no cache entry serves: the first loaded entry of this compiled context whose
-    guards pass becomes the frame's cache entry, as a compile would make it.
+    guards pass, and whose proof holds on this call, becomes the frame's cache entry, as a
+    compile would make it.
 
     Sound as a compile's result is: the entry's guards are checked on this call
-    (and on every later one, by Dynamo), and they are the cold compile's, none
-    dropped (``_serialize_guards``).  Only the compiled context that loaded it
-    (its package) is served, so another backend compiling the same code
-    compiles its own.  Nothing is traced, and no frame is counted."""
+    (and on every later one, by Dynamo), and before it serves the first, what
+    they prove here is compared with what the cold compile's proved
+    (``_refusal``): an entry that proves less is dropped, named in explain().
+    Only the compiled context that loaded it (its package) is served, so
+    another backend compiling the same code compiles its own.  Nothing is
+    traced, and no frame is counted."""
     rows = _WARM.loaded.get(_WARM.by_code(frame.f_code)) if _WARM.loaded else None
     if rows:
         package = getattr(getattr(self, "_inner_convert", None), "_package", None)
-        for entry in rows:
-            if entry.package() is package and package is not None and entry.guard_manager.check(frame.f_locals):
+        for entry in list(rows):
+            if entry.package() is not package or package is None or not entry.guard_manager.check(frame.f_locals):
+                continue
+            why = _refusal(entry.guard_manager, frame.f_locals)
+            if why is None:
                 return _admit(frame.f_code, entry)
+            _drop(frame.f_code, entry)
+            STATE.manager.note_warm_start_not_used(_frame_name(frame.f_code), why)
     return call(self, frame, *args, **kwargs)
+
+
+def _drop(code: Any, entry: LoadedEntry) -> None:
+    rows = _WARM.loaded.get(_WARM.by_code(code), [])
+    with contextlib.suppress(ValueError):  # another thread took it first
+        rows.remove(entry)
+    if not rows:
+        _WARM.loaded.pop(_WARM.by_code(code), None)
 
 
 def _admit(code: Any, entry: LoadedEntry) -> Any:
@@ -293,11 +350,7 @@ def _admit(code: Any, entry: LoadedEntry) -> Any:
     from torch._dynamo.convert_frame import orig_code_map, output_codes
     from torch._dynamo.types import GuardedCode, wrap_guarded_code
 
-    rows = _WARM.loaded.get(_WARM.by_code(code), [])
-    with contextlib.suppress(ValueError):  # another thread admitted it first: a duplicate entry, harmless
-        rows.remove(entry)
-    if not rows:
-        _WARM.loaded.pop(_WARM.by_code(code), None)
+    _drop(code, entry)  # another thread may have admitted it first: a duplicate entry, harmless
     # A later recompile names the guard that failed under the original code; reset clears both.
     orig_code_map[entry.code] = code
     output_codes.add(entry.code)
@@ -336,92 +389,148 @@ def _set_stance(call: Any, stance: Any) -> Any:
         for (_, code), entries in rows.items():
             for entry in entries:
                 if entry.package() is not None:
-                    _load_precompile_entry(code, entry.guard_manager, entry.code)
+                    _load_precompile_entry(code, _proven_on_first_pass(code, entry.guard_manager), entry.code)
     return prior
 
 
-def _forget(package: Any) -> None:
-    package._initialized = False
-    package._codes = {}
-    package._resume_codes = set()
-    package._cached_backends = {}
-    package._device_types = frozenset()
-
-
 def _convert_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
-    """Compile under the package, then save its entry: every compile, not only on request."""
-    package = getattr(self, "_package", None)
-    if package is not None and not package.is_initialized():
-        # torch.compile(fn) ran without initializing it (torch's caching_precompile
-        # was off there, e.g. stableguards' own hook fell back): torch would fail
-        # on it, so this compile goes without a package, as it would with the flag off.
-        self._package = package = None
-    key = _WARM.keys.get(package) if package is not None else None
-    if key is None:
-        return call(self, frame, *args, **kwargs)
-    from torch._dynamo.exc import BackendCompilerFailed, PackageError
+    """Compile a frame for our package, then save its entry: every compile, not only on request.
 
-    token = _WARM.frame.set(_frame_name(frame.f_code))
-    bundling = _WARM.bundling_for_us.set(not _user_bundles())
+    A compile that fails with our package in the way goes on without it: the
+    package is dropped from this function and the error goes to the hook
+    wrapper, which compiles the frame again as torch would (``core._wrap``)."""
+    package = getattr(self, "_package", None)
+    ours = _WARM.ours.get(package) if package is not None else None
+    if ours is None or ours.key is None or not package.is_initialized():
+        if ours is not None:
+            # Never initialized by torch.compile(fn) (a context used as a decorator or
+            # a `with` block): torch would fail on it, so this compile goes without.
+            self._package = None
+        return call(self, frame, *args, **kwargs)
+    frame_name = _frame_name(frame.f_code)
+    tokens = [(_WARM.frame, _WARM.frame.set(frame_name)), (_WARM.bundling, _WARM.bundling.set(True)),
+              (_WARM.constants, _WARM.constants.set([]))]
     try:
-        with _precompiling(True):
-            result = call(self, frame, *args, **kwargs)
-    except (BackendCompilerFailed, PackageError) as error:
-        # Compiling for a package bundles the AOTAutograd entry, which fails on
-        # some graphs (torch 2.15: "expected OutputCode" for a graph inductor
-        # hands back uncompiled).  This function goes on without a package.
+        result = call(self, frame, *args, **kwargs)
+    except Exception as error:
+        from torch._dynamo.exc import TorchDynamoException
+
+        if isinstance(error, TorchDynamoException) and not _compile_failed(error):
+            raise  # Dynamo's control flow (a graph break, a skipped frame): not a failure
         self._package = None
-        STATE.manager.note_warm_start_left_out(_frame_name(frame.f_code), f"compiling it for a saved entry "
-                                                                          f"failed ({error!r:.200}); compiled "
-                                                                          f"as usual, and not saved")
-        return call.fn(self, frame, *args, **kwargs)
+        STATE.manager.note_warm_start_left_out(frame_name, f"compiling it for a saved entry failed "
+                                                           f"({error!r:.200}); compiled as usual, and not saved")
+        raise
     finally:
-        _WARM.frame.reset(token)
-        _WARM.bundling_for_us.reset(bundling)
-    _save(package, key, _frame_name(frame.f_code))
+        for var, token in reversed(tokens):
+            var.reset(token)
+    _WARM.backend_ids.update(bid for code in package.cache_entry().codes for bid in code.backend_ids)
+    _save(package, ours, frame_name)
     return result
 
 
-def _save(package: Any, key: EntryKey, frame: str) -> None:
-    from torch._dynamo.package import DynamoCache
+def _compile_failed(error: Exception) -> bool:
+    from torch._dynamo.exc import BackendCompilerFailed, InternalTorchDynamoError, PackageError
+
+    return isinstance(error, (BackendCompilerFailed, InternalTorchDynamoError, PackageError))
+
+
+def _save(package: Any, ours: Ours, frame: str) -> None:
+    from torch._dynamo.precompile_context import PrecompileContext
     from torch.compiler._cache import CacheArtifactManager
 
-    if not package.is_initialized() or not any(e.guarded_codes for e in package._codes.values()):
+    entry = package.cache_entry()
+    if not any(code.guarded_codes for code in entry.codes):
+        return
+    if unsaveable := [_WARM.unsaveable[bid] for bid in entry.backend_ids if bid in _WARM.unsaveable]:
+        _WARM.pending.pop(package, None)
+        STATE.manager.note_warm_start_left_out(frame, f"a backward compiled on first use cannot be saved: "
+                                                      f"{unsaveable[0]}")
+        return
+    if any(PrecompileContext.serialize_artifact_by_key(bid) is None for bid in entry.backend_ids):
+        # A training graph's AOTAutograd entry exists once its backward has
+        # compiled, on first use: saved then (_record_artifact).
+        if package not in _WARM.pending:
+            STATE.manager.note_warm_start_pending(frame)
+        _WARM.pending[package] = frame
         return
     try:
-        # Written to disk only: torch's mega-cache (save_cache_artifacts) records
+        # Written to our store only: torch's mega-cache (save_cache_artifacts) records
         # what the user's settings make torch save, and these entries are ours.
         with CacheArtifactManager.with_fresh_cache():
-            DynamoCache.save_cache_entry(package.cache_entry(), key.digest)
+            _store().save_cache_entry(entry, ours.key.digest)
     except RuntimeError as error:
-        if "not found in the given backends" in str(error):
-            # A training graph's AOTAutograd entry exists once its backward has
-            # compiled, on first use: saved then (_record_artifact).
-            if package not in _WARM.pending:
-                STATE.manager.note_warm_start_pending(frame)
-            _WARM.pending[package] = (key, frame)
-            return
         STATE.manager.note_warm_start_left_out(frame, f"not saved ({error})")
         return
     _WARM.pending.pop(package, None)
     STATE.manager.note_warm_start_saved()
-    _WARM.saved_here.add(key.digest)
-    _write_index(key)
+    _WARM.saved_here.add(ours.key.digest)
+    write_index(cache_subdir("warm_start"), ours.key, ours.code)
 
 
 def _record_artifact(call: Any, cls: Any, artifact: Any) -> None:
     """A graph's compiled artifact arrived (a backward, compiled on first use): save the
     packages that waited for one."""
     call(cls, artifact)
-    for package, (key, frame) in list(_WARM.pending.items()):
-        _save(package, key, frame)
+    for package, frame in list(_WARM.pending.items()):
+        _save(package, _WARM.ours[package], frame)
 
 
 def _bundle_autograd_entries(call: Any) -> bool:
-    """While warm start is in use, AOTAutograd entries are bundled (self-contained), as
-    torch bundles them under caching_precompile: a package saves its graphs from them.
-    Asked when a backward compiles on first use too, after the frame's compile."""
-    return bool(_WARM.keys) or call()
+    """AOTAutograd entries of ours are bundled (self-contained): a package saves its graphs
+    from them.  Any other compile bundles as the user's settings say."""
+    return _WARM.bundling.get() or call()
+
+
+def _compile_backward(call: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    """A backward compiled on first use, for a graph of ours: its entry is bundled too."""
+    backend_id = getattr(self.aot_config, "precompile_backend_id", None)
+    if backend_id not in _WARM.backend_ids:
+        return call(self, *args, **kwargs)
+    tokens = [(_WARM.bundling, _WARM.bundling.set(True)), (_WARM.backward_of, _WARM.backward_of.set(backend_id))]
+    try:
+        return call(self, *args, **kwargs)
+    finally:
+        for var, token in reversed(tokens):
+            var.reset(token)
+
+
+def _save_aot_entry(call: Any, *compiled_fns: Any) -> bool:
+    """Whether AOTAutograd saves a graph's entry.  A bundled entry holds inductor's compiled
+    code; for a graph with nothing to compute inductor returns the graph itself, which
+    bundling cannot hold (torch 2.15 fails the compile: "expected OutputCode").  Such a
+    graph of ours is saved as the user's settings say, and left out of its entry."""
+    if not _WARM.bundling.get() or all(_is_output_code(fn) for fn in compiled_fns if fn is not None):
+        return call(*compiled_fns)
+    token = _WARM.bundling.set(False)
+    try:
+        saved = call(*compiled_fns)
+    finally:
+        _WARM.bundling.reset(token)
+    _leave_out("inductor returned a graph with nothing to compute as it is: there is no compiled code to save")
+    return saved
+
+
+def _is_output_code(fn: Any) -> bool:
+    from torch._inductor.output_code import OutputCode
+
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return isinstance(fn, OutputCode)
+
+
+def _leave_out(reason: str) -> None:
+    """Leave the graph being compiled out of our package: the frame's compile (torch's
+    per-compile bypass), or the function whose backward this is."""
+    backward_of = _WARM.backward_of.get()
+    if backward_of is not None:
+        _WARM.unsaveable[backward_of] = reason
+        return
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    tx = getattr(InstructionTranslator, "current_tx", lambda: None)()
+    if tx is not None and tx.output.package is not None:
+        tx.output.bypass_package(reason)
 
 
 def _user_bundles() -> bool:
@@ -438,7 +547,7 @@ def _count_bundled_hit(call: Any, self: Any, example_inputs: Any) -> Any:
     reads the graph from the FX-graph cache and counts it there, and users read
     ``fxgraph_cache_hit`` to see how much of a compile a cache saved."""
     result = call(self, example_inputs)
-    if _WARM.bundling_for_us.get():
+    if _WARM.bundling.get() and not _user_bundles():
         from torch._dynamo.utils import counters
 
         counters["inductor"]["fxgraph_cache_hit"] += 1
@@ -446,7 +555,10 @@ def _count_bundled_hit(call: Any, self: Any, example_inputs: Any) -> Any:
 
 
 def _load_compiled_graph(call: Any, self: Any, constants: Any) -> Any:
-    """Load a cached inductor graph without preparing to compile C++ (see _precompile_header)."""
+    """Load a cached inductor graph for one of our entries without preparing to compile C++
+    (see _precompile_header)."""
+    if _WARM.installing.get() is None:
+        return call(self, constants)
     token = _WARM.loading_compiled.set(True)
     try:
         return call(self, constants)
@@ -455,7 +567,7 @@ def _load_compiled_graph(call: Any, self: Any, constants: Any) -> Any:
 
 
 def _precompile_header(call: Any, header: str, hashable_cmd_line: str, **compile_command: Any) -> str | None:
-    """No precompiled header while a cached graph loads.
+    """No precompiled header while a cached graph of ours loads.
 
     Loading a cached CPU graph imports its module, whose C++ kernels are
     already built in the cache dir; inductor still runs the preprocessor over
@@ -471,78 +583,167 @@ def _precompile_header(call: Any, header: str, hashable_cmd_line: str, **compile
 
 
 def _reduce_aot_config(call: Any, self: Any, aot_config: Any) -> Any:
-    """AOTAutograd's cache key without the package's backend id.
+    """AOTAutograd's cache key for our compiles, without the package's backend id.
 
     A package compile names its graph ``__compiled_fn_N_<uuid>``, new per
     compile, and torch puts that name in the AOTAutograd key, so every frame
     compiled under a package missed the AOTAutograd cache.  The name only labels
     the bundled artifact; on a hit torch records the artifact under the current
     compile's name, never the cached one.  So two keys that differ only there
-    stand for the same compiled graph."""
-    if getattr(aot_config, "precompile_backend_id", None) is not None:
+    stand for the same compiled graph.  Other packages' keys are torch's."""
+    if _WARM.frame.get() is not None and getattr(aot_config, "precompile_backend_id", None) is not None:
         aot_config = dataclasses.replace(aot_config, precompile_backend_id=None)
     return call(self, aot_config)
 
 
 def _bypass_package(call: Any, self: Any, reason: str = "", **kwargs: Any) -> None:
-    """A compile torch leaves out of the package: name it in explain()."""
+    """A compile left out of one of our packages: named in explain() rather than in torch's
+    warning, and never an error (``strict_precompile`` is about the user's packages)."""
     frame = _WARM.frame.get()
-    if frame is not None and getattr(self, "package", None) is not None:
-        STATE.manager.note_warm_start_left_out(frame, reason)
-    return call(self, reason, **kwargs)
-
-
-def _check_function_manager(call: Any, self: Any, *args: Any, **kwargs: Any) -> None:
-    """Build guards with torch's precompile filter off: it drops identity guards from the
-    live entry.  Kept, they make serialize_guards refuse the compile (it is left
-    out of the package), so the entry never proves less than before."""
-    with _precompiling(False):
-        return call(self, *args, **kwargs)
+    if frame is None or self.package is None or self.package not in _WARM.ours:
+        return call(self, reason, **kwargs)
+    STATE.manager.note_warm_start_left_out(frame, reason)
+    self.package.bypass_current_compile()
+    self.package = None
 
 
 def _serialize_guards(call: Any, self: Any, builder: Any, sorted_guards: list, output_graph: Any) -> Any:
-    """Save four kinds of identity guard as checks that hold across processes.
+    """Save the entry's guards with its proof, and check them on the real trees.
 
-    torch refuses to save an id check (ids differ between processes), so every
-    nn.Module call (``MODULE_MATCH`` on ``G['torch']`` or Dynamo's
-    ``__import_*`` aliases) and every inlined function reached through a global
-    (``CLOSURE_MATCH``) would leave the entry out.  The saved entry gets the
-    same builder method under another name, which proves as much:
+    torch refuses to save an identity guard (``ID_MATCH``, ``CLASS_MATCH``,
+    ``MODULE_MATCH``, ``CLOSURE_MATCH``: ids differ between processes), so every
+    nn.Module call and every inlined function reached through a global would
+    leave the entry out.  Here such a guard is saved under another name for the
+    same builder method (``*_BY_NAME``): torch pickles the scope with modules,
+    classes and importable functions by reference (a local function's code by
+    its path, ``_reduce_code``), so a restarted process rebuilds an identity
+    check against the object of that name *there*.  That alone proves nothing
+    about the object the cold compile saw; what does is the entry's proof:
 
-    * ``MODULE_BY_NAME`` for a module that is ``sys.modules[its name]``: torch
-      saves the guarded scope with modules by name, so a restarted process
-      rebuilds "this global *is* ``importlib.import_module(name)``", an
-      identity check on the module of that name there, run on every call;
-    * ``CLASS_BY_NAME`` for a class its module holds under its qualname
-      (``isinstance(x, Config)``): pickle saves it by reference, so the check
-      is identity with the class of that name in the restarted process;
-    * ``ID_BY_NAME`` for a builtin function its module holds under its name
-      (``all``, ``operator.index``): pickled by reference, so identity with the
-      builtin of that name;
-    * ``CLOSURE_BY_NAME`` for a function its module holds under its qualname:
-      torch's check for a Python function is identity of its ``__code__``;
-      the guard pickler saves such a function by reference, so a restarted
-      process checks the live function's code against the code of the
-      function of that name there.  A local function is saved by value, but
-      its code by path (``_reduce_code``), so the check is identity with the
-      code object every function from that ``def`` runs there.  Its closure
-      cells and globals are guarded on their own.
+    * the live tree's facts (``warm_proof.live_proof``): each leaf guard in
+      words that mean the same in every process, identities included, and the
+      facts Dynamo left unguarded.  A guard with no such words (no rule, an
+      object with no identity) leaves the entry out, named;
+    * the saved guards are loaded back here and must prove every fact and
+      pass on the compiled call (``warm_proof.round_trip``), or the entry is
+      left out, naming the guard;
+    * the proof is saved with the guards; a restarted process checks the tree
+      it loaded against it before the entry serves a call (``_serve_loaded``).
 
-    Code behind those names is the cold run's: torch checks its version and
-    the source lines of every function the entry inlined before installing.
-    The live entry keeps torch's own guards; every other identity guard still
-    makes torch refuse the compile, so the entry is left out.
+    Refusals are torch's PackageError: torch leaves this compile out of the
+    package (``bypass_package``), and explain() says why.  Other packages'
+    guards are torch's.
     """
+    if _WARM.frame.get() is None:
+        return call(self, builder, sorted_guards, output_graph)
     import dataclasses
+
+    from torch._dynamo.exc import PackageError
+
+    from stableguards.hooks import warm_proof
 
     saved = []
     for guard in sorted_guards:
-        replacement = _replacement(guard, builder)
+        replacement = _replacement(guard)
         if replacement is not None:
             _keep_builtin(self, guard, output_graph)
             guard = dataclasses.replace(guard, create_fn=replacement, guard_types=None)
         saved.append(guard)
-    return call(self, builder, saved, output_graph)
+    try:
+        proof = warm_proof.live_proof(self.guard_manager, builder, sorted_guards, output_graph,
+                                      _WARM.constants.get() or ())
+    except Unprovable as why:
+        raise TorchError(PackageError(f"stableguards cannot prove it in another process: {why}")) from None
+    token = _WARM.proof.set(proof)
+    try:
+        saved_state = call(self, builder, saved, output_graph)
+    finally:
+        _WARM.proof.reset(token)
+    why = _round_trip(proof, saved_state, builder.f_code, output_graph)
+    if why is not None:
+        raise TorchError(PackageError(f"stableguards: the saved guards do not prove what the live ones do: {why}"))
+    return saved_state
+
+
+def _round_trip(proof: Any, saved_state: bytes, code: Any, output_graph: Any) -> str | None:
+    """Load the saved guards back, as a restarted process will, and compare (same process)."""
+    from torch._dynamo.package import load_guard_manager, load_guards_state
+
+    from stableguards.hooks import warm_proof
+
+    state = load_guards_state(saved_state)
+    token = _WARM.checking.set(True)
+    try:
+        loaded = load_guard_manager(state, code, output_graph.global_scope)
+    finally:
+        _WARM.checking.reset(token)
+    return warm_proof.round_trip(proof, loaded, state, output_graph)
+
+
+def _pickle_guards_state(call: Any, state: Any, builder: Any) -> bytes:
+    """The entry's proof goes into the saved guard state (``_serialize_guards``)."""
+    proof = _WARM.proof.get()
+    if proof is not None:
+        state.stableguards_proof = proof.to_state()
+    return call(state, builder)
+
+
+def _load_guard_manager(call: Any, guards_state: Any, target_code: Any, runtime_global_scope: Any) -> Any:
+    """Build a saved entry's guards from the cold process's ambient state, not this one's,
+    and keep its proof beside them for ``_serve_loaded``.
+
+    Two guards read the process's state when they are built rather than the
+    saved state they print: the default device and the saved-tensor hooks.  The
+    cold process proved "the default device was D" and "no inlineable hooks were
+    active"; built under the same state, the loaded guards check each call for
+    that (a warm ``torch.compile`` inside a ``saved_tensors_hooks`` context would
+    otherwise build "these hooks", by id).  Only our own entries are touched."""
+    if _WARM.installing.get() is None and not _WARM.checking.get():
+        return call(guards_state, target_code, runtime_global_scope)
+    from stableguards.warm_start.proof import Proof
+
+    with _cold_ambient_state(guards_state.output_graph.current_device):
+        guard_manager = call(guards_state, target_code, runtime_global_scope)
+    guard_manager.stableguards = LoadedProof(Proof.from_state(getattr(guards_state, "stableguards_proof", None)),
+                                             guards_state, runtime_global_scope)
+    return guard_manager
+
+
+@contextlib.contextmanager
+def _cold_ambient_state(device: Any) -> Iterator[None]:
+    """The default device the cold compile saw, and no inlineable saved-tensor hooks (the only
+    hooks an entry is saved under), while guards are built."""
+    import torch
+    import torch.utils._device as device_state
+    from torch._functorch._aot_autograd import utils
+
+    popped = []
+    while utils.saved_tensors_hooks_are_inlineable(utils.top_saved_tensors_hooks()):
+        popped.append(utils.top_saved_tensors_hooks())
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+    prior, device_state.CURRENT_DEVICE = device_state.CURRENT_DEVICE, device
+    try:
+        yield
+    finally:
+        device_state.CURRENT_DEVICE = prior
+        for pack, unpack in reversed(popped):
+            torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
+
+
+def _record_constant(call: Any, tx: Any, fn: Any, name: str, args: Any, kwargs: Any) -> Any:
+    """An ``assume_constant_result`` function called while tracing for a saved entry: its
+    result is a fact of the entry (``warm_start.facts.CONSTANT_RESULT``)."""
+    calls = _WARM.constants.get()
+    if calls is None:
+        return call(tx, fn, name, args, kwargs)
+    from stableguards.hooks.warm_proof import ConstantCall
+
+    def recorded(*a: Any, **k: Any) -> Any:
+        result = fn(*a, **k)
+        calls.append(ConstantCall(fn, a, k, result))
+        return result
+
+    return call(tx, recorded, name, args, kwargs)
 
 
 def _reduce_code(call: Any, self: Any, obj: Any) -> Any:
@@ -551,10 +752,11 @@ def _reduce_code(call: Any, self: Any, obj: Any) -> Any:
     the code object its live functions share, and an identity check on
     ``fn.__code__`` (``CLOSURE_BY_NAME``) can pass there.  Other objects, and
     code without such a path, are pickled as torch pickles them (by value, a
-    fresh code object that no live function runs: that check never passes)."""
+    fresh code object that no live function runs: that check never passes).
+    Other packages' guards are pickled as torch pickles them."""
     import types
 
-    if isinstance(obj, types.CodeType):
+    if isinstance(obj, types.CodeType) and _WARM.frame.get() is not None:
         path = code_path(obj)
         if path is not None:
             return code_at, path
@@ -573,40 +775,14 @@ def _keep_builtin(manager: Any, guard: Any, output_graph: Any) -> None:
         manager.used_builtin_vars.add(source.index)
 
 
-def _replacement(guard: Any, builder: Any) -> Any:
-    import sys
-    import types
-
+def _replacement(guard: Any) -> Any:
+    """The by-name builder method for an identity guard; whether the rebuilt check proves
+    what this one did is checked on the trees (``_serialize_guards``), not assumed."""
     kind = guard.create_fn_name()
     # An id check is what MODULE_MATCH and CLASS_MATCH run; CLOSURE_MATCH must not fall back to one.
     if kind not in _REPLACEMENTS or not set(guard.guard_types or ()) <= {kind, *_ID_CHECKS.get(kind, ())}:
         return None
-    value = builder.get(guard)
-    if kind == "MODULE_MATCH":
-        sound = isinstance(value, types.ModuleType) and sys.modules.get(value.__name__) is value
-    elif kind == "CLASS_MATCH":
-        sound = isinstance(value, type) and _importable(value)
-    elif kind == "ID_MATCH":  # on a builtin function (all, operator.index): pickled by name
-        sound = isinstance(value, types.BuiltinFunctionType) and _importable(value)
-    else:  # CLOSURE_MATCH on a plain function is a check of its code (else torch uses FUNCTION_MATCH)
-        sound = type(value) is types.FunctionType and (_importable(value) or code_path(value.__code__) is not None)
-    return _REPLACEMENTS[kind] if sound else None
-
-
-def _importable(obj: Any) -> bool:
-    """What its module holds under its qualname: what a restarted process finds by that name.
-
-    A local function (a closure) is not: the saved scope carries its code by
-    value, and the check (``__code__`` identity) could then never pass.
-    """
-    import functools
-    import sys
-
-    module = sys.modules.get(obj.__module__)
-    try:
-        return functools.reduce(getattr, obj.__qualname__.split("."), module) is obj
-    except AttributeError:
-        return False
+    return _REPLACEMENTS[kind]
 
 
 def _same_check_as(kind: str) -> Any:
@@ -628,29 +804,10 @@ _REPLACEMENTS = {"MODULE_MATCH": MODULE_BY_NAME, "CLASS_MATCH": CLASS_BY_NAME, "
 _ID_CHECKS = {"MODULE_MATCH": ("ID_MATCH",), "CLASS_MATCH": ("ID_MATCH",)}
 
 
-# --- explanations: which component of the key changed ---------------------------------
-
-def _index_path(parts: dict[str, str]) -> Path:
-    """One file per function (and receiver class, for code models share)."""
-    name = hashlib.sha256(f"{parts['module']}:{parts['qualname']}:{parts['receiver']}".encode()).hexdigest()[:32]
-    return cache_subdir("warm_start") / f"{name}.json"
-
-
-def _write_index(key: EntryKey) -> None:
-    """The last saved key per function, so a later miss can name what changed."""
-    path = _index_path(dict(key.components))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps(key.as_json()).encode())
-
-
 def _explain_miss(code: Any, key: EntryKey) -> None:
-    path = _index_path(dict(key.components))
-    try:
-        saved = EntryKey.from_json(json.loads(path.read_text()))
-    except (OSError, ValueError):
-        return  # nothing saved for this function: a cold start, nothing to explain
-    if saved.digest != key.digest:
-        STATE.manager.note_warm_start_miss(_frame_name(code), key.differences(saved))
+    differences = changed_components(cache_subdir("warm_start"), key, code)
+    if differences:
+        STATE.manager.note_warm_start_miss(_frame_name(code), differences)
 
 
 def _frame_name(code: Any) -> str:
@@ -661,9 +818,6 @@ HOOKS = [
     Hook("torch._dynamo.eval_frame", "_optimize", "precompile", _optimize, params=("backend", "package")),
     Hook("torch._dynamo.eval_frame", "_TorchDynamoContext.__call__", "precompile", _context_call,
          params=("fn",)),
-    Hook(_PACKAGE, "CompilePackage.source_id_from_fn", "precompile", _source_id_from_fn, params=("fn",)),
-    Hook(_PACKAGE, "CompilePackage.initialize", "precompile", _initialize, params=("fn", "dynamo")),
-    Hook(_PACKAGE, "CompilePackage.install", "precompile", _install, params=("backends",)),
     Hook(_PACKAGE, "CompilePackage.uninstall", "precompile", _uninstall),
     Hook("torch._C._dynamo.eval_frame", "_load_precompile_entry", "precompile", _keep_loaded),
     Hook("torch._dynamo.convert_frame", "ConvertFrame.__call__", "precompile", _serve_loaded, params=("frame",)),
@@ -672,7 +826,7 @@ HOOKS = [
     # Feature detection only: per-compile bypass (see the module docstring).
     Hook(_PACKAGE, "CompilePackage.bypass_current_compile", "precompile", lambda call, *a, **k: call(*a, **k)),
     Hook("torch._dynamo.convert_frame", "ConvertFrameAssert.__call__", "precompile", _convert_frame,
-         params=("frame",)),
+         params=("frame",), retry=True),
     Hook("torch._dynamo.output_graph", "OutputGraph.bypass_package", "precompile", _bypass_package,
          params=("reason",)),
     Hook("torch._dynamo.precompile_context", "PrecompileContext.record_artifact", "precompile", _record_artifact,
@@ -682,6 +836,10 @@ HOOKS = [
     Hook(_AUTOGRAD_CACHE, "should_bundle_autograd_cache", "precompile", _bundle_autograd_entries, lazy=True),
     Hook("torch._functorch._aot_autograd.graph_compile", "should_bundle_autograd_cache", "precompile",
          _bundle_autograd_entries, lazy=True),
+    Hook("torch._functorch._aot_autograd.runtime_wrappers", "_AutogradBackwardCompiler.get_or_compile",
+         "precompile", _compile_backward, lazy=True),
+    Hook("torch._functorch._aot_autograd.graph_compile", "_should_save_cache", "precompile", _save_aot_entry,
+         lazy=True),
     Hook("torch._functorch._aot_autograd.aot_autograd_result", "BundledOutputCodeLoadable.load", "precompile",
          _count_bundled_hit, params=("example_inputs",), lazy=True),
     Hook(_AUTOGRAD_CACHE, "AOTAutogradCachePickler._reduce_aot_config", "precompile", _reduce_aot_config,
@@ -690,9 +848,16 @@ HOOKS = [
          _load_compiled_graph, params=("constants",), lazy=True),
     Hook("torch._inductor.codecache", "_precompile_header", "precompile", _precompile_header,
          params=("header", "hashable_cmd_line"), lazy=True),
-    Hook("torch._dynamo.guards", "CheckFunctionManager.__init__", "precompile", _check_function_manager),
     Hook("torch._dynamo.guards", "CheckFunctionManager.serialize_guards", "precompile", _serialize_guards,
          params=("builder", "sorted_guards", "output_graph")),
     Hook("torch._dynamo.guards", "GuardsStatePickler.reducer_override", "precompile", _reduce_code,
          params=("obj",)),
+    Hook("torch._dynamo.guards", "pickle_guards_state", "precompile", _pickle_guards_state,
+         params=("state", "builder")),
+    Hook(_PACKAGE, "load_guard_manager", "precompile", _load_guard_manager,
+         params=("guards_state", "target_code", "runtime_global_scope")),
+    # assume_constant_result calls (builtin.py imports it from here when called).  nn_module's
+    # by-name copy runs only for a specialized module, whose NN_MODULE guard is never saved.
+    Hook("torch._dynamo.variables.functions", "invoke_and_store_as_constant", "precompile", _record_constant,
+         params=("tx", "fn", "name", "args", "kwargs")),
 ]

@@ -36,43 +36,53 @@ def mid_import(module: Any) -> bool:
 
 
 class WarmStartTables:
-    """What hooks.precompile keeps: packages by the key they load and save under."""
+    """What hooks.precompile keeps: our packages, the entries they loaded, what is being compiled."""
 
     def __init__(self) -> None:
-        # The key the current torch.compile(fn) loads under (read by source_id_from_fn).
-        self.loading: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-            "stableguards_warm_key", default=None)
-        # The frame being compiled (for explanations of a compile left out).
+        # Packages stableguards made (hooks.precompile._optimize) -> their Ours record.  Only
+        # these are keyed, loaded, saved or touched by any warm-start hook.
+        self.ours: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        # The frame being compiled for one of our packages (for explanations); None otherwise.
         self.frame: contextvars.ContextVar[str | None] = contextvars.ContextVar(
             "stableguards_warm_frame", default=None)
-        # Whether torch bundles AOTAutograd entries only because warm start asks it to
-        # (set for the frame being compiled; see hooks.precompile._count_bundled_hit).
-        self.bundling_for_us: contextvars.ContextVar[bool] = contextvars.ContextVar(
+        # Whether an AOTAutograd entry of ours is being made: bundled (self-contained), as a
+        # package saves its graphs from them.  Set for our compiles and for the backward
+        # of one of our graphs compiled on first use.
+        self.bundling: contextvars.ContextVar[bool] = contextvars.ContextVar(
             "stableguards_warm_bundling", default=False)
-        # Why the saved entry the current torch.compile(fn) found could not be used, if it could not.
-        self.not_used: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-            "stableguards_warm_not_used", default=None)
-        # Whether inductor is loading a graph it compiled before (hooks.precompile._load_compiled_graph).
+        # The backend ids (__compiled_fn_N_<uuid>) of graphs compiled for our packages.
+        self.backend_ids: set[str] = set()
+        # The backend id whose backward is being compiled on first use, for a graph of ours.
+        self.backward_of: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+            "stableguards_warm_backward_of", default=None)
+        # Backend ids whose graphs cannot be saved -> why (hooks.precompile._leave_out).
+        self.unsaveable: dict[str, str] = {}
+        # Whether inductor is loading a graph for one of our entries (hooks.precompile._load_compiled_graph).
         self.loading_compiled: contextvars.ContextVar[bool] = contextvars.ContextVar(
             "stableguards_warm_loading_compiled", default=False)
-        # Packages made for a warm-start backend -> what their key needs besides the function.
-        self.backends: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
-        # Packages keyed by stableguards -> their key (only these are saved).
-        self.keys: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         # by_code(code) -> (key digest, weak package) of the entries installed on it.
         self.installed: dict[tuple[int, Any], tuple[str, weakref.ref]] = {}
         # by_code(code) -> the keys of every compiled context made for it ("other": no key).
         self.contexts: dict[tuple[int, Any], set[str]] = {}
         # Keys of the entries this process saved (never loaded back by it).
         self.saved_here: set[str] = set()
-        # Packages whose save waits for a graph compiled later (a backward) -> (key, frame).
-        self.pending: weakref.WeakKeyDictionary[Any, tuple[Any, str]] = weakref.WeakKeyDictionary()
+        # Packages whose save waits for a graph compiled later (a backward) -> the frame's name.
+        self.pending: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         # The package whose entries are being installed (hooks.precompile._install).
         self.installing: contextvars.ContextVar[Any] = contextvars.ContextVar(
             "stableguards_warm_installing", default=None)
         # by_code(code) -> loaded entries not yet in Dynamo's cache, in the order tried
         # (hooks.precompile.LoadedEntry).
         self.loaded: dict[tuple[int, Any], list[Any]] = {}
+        # The proof of the entry whose guards are being saved (hooks.precompile._serialize_guards).
+        self.proof: contextvars.ContextVar[Any] = contextvars.ContextVar("stableguards_warm_proof", default=None)
+        # Whether saved guards are being loaded back to be checked (hooks.precompile._round_trip).
+        self.checking: contextvars.ContextVar[bool] = contextvars.ContextVar("stableguards_warm_checking",
+                                                                             default=False)
+        # assume_constant_result calls made while tracing the frame being compiled for a saved
+        # entry (hooks.warm_proof.ConstantCall); None outside such a compile.
+        self.constants: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+            "stableguards_warm_constants", default=None)
 
     def drop_loaded(self, package: Any = None) -> None:
         """Forget the loaded entries of ``package`` (of every package if None)."""

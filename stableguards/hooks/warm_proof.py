@@ -1,0 +1,252 @@
+"""Warm start's proofs on torch's objects: write a guard tree's facts, check a loaded one.
+
+The plain logic is in ``stableguards.warm_start`` (``guard_rules``, ``facts``,
+``proof``); this module reads what it needs from torch: the C++ guard trees,
+the values at guard sources, the process's ambient state.  It hooks nothing;
+``hooks.precompile`` calls it where an entry is saved, loaded and admitted.
+
+* ``live_proof``: when an entry is saved, the facts of the compile's live
+  guard tree, evaluated on the compiled frame, and the unguarded facts;
+* ``round_trip``: the saved guards loaded back in the same process must prove
+  every one of those facts, and serve the call they were compiled for;
+* ``verify``: in a restarted process, before a loaded entry serves its first
+  call, the facts of the tree it loaded, written on that call, and the
+  unguarded facts written again, must include every saved one.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import inspect
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from stableguards.hooks.guard_tree import Leaf, leaves
+from stableguards.warm_start.facts import (
+    CONSTANT_RESULT,
+    GLOBAL_MODULE_HOOKS,
+    MODULE_HOOKS,
+    UNSHADOWED_BUILTINS,
+    builtins_read,
+    constant_result,
+    global_module_hooks,
+    module_hooks,
+    unshadowed_builtins,
+)
+from stableguards.warm_start.guard_rules import Check, Fact, Unprovable, code_of, fact, rule_for
+from stableguards.warm_start.identity import Identities
+from stableguards.warm_start.proof import Proof, Recheck, check
+
+_NN_MODULE = "torch.nn.modules.module"
+
+
+@dataclass
+class ConstantCall:
+    """An ``assume_constant_result`` call made while tracing: recorded, never repeated there."""
+
+    fn: Any
+    args: tuple
+    kwargs: dict
+    result: Any
+
+
+def live_proof(guard_manager: Any, builder: Any, sorted_guards: list, output_graph: Any,
+               constants: Iterable[ConstantCall]) -> Proof:
+    """What the compile's live guard tree and its unguarded state prove (raises Unprovable)."""
+    identities = Identities()
+    value = _Scope(output_graph.local_scope, output_graph.global_scope).values(
+        _sources(g.originating_source for g in sorted_guards))
+    tree = list(leaves(guard_manager.root))
+    state = _TracedState(output_graph.torch_function_mode_stack)
+    facts = tuple(_fact(leaf, value, identities, state, cold=True) for leaf in tree)
+    rechecks = [Recheck(global_module_hooks(sys.modules[_NN_MODULE], identities))]
+    rechecks += [Recheck(module_hooks(value(source), source, identities))
+                 for source in _module_sources(tree)]
+    for module, names in _builtins_read(builder.f_code, output_graph):
+        rechecks.append(Recheck(unshadowed_builtins(module, vars(sys.modules[module]), names), tuple(sorted(names))))
+    for call in constants:
+        payload = (call.fn.__module__, call.fn.__qualname__, call.args, tuple(sorted(call.kwargs.items())))
+        rechecks.append(Recheck(constant_result(call.fn, call.args, call.kwargs, call.result, identities), payload))
+    return Proof(facts, tuple(dict.fromkeys(rechecks)))
+
+
+def round_trip(proof: Proof, loaded: Any, guards_state: Any, output_graph: Any) -> str | None:
+    """Why the guards loaded back from what was saved do not prove what the live ones did
+    (in this process, on the compiled frame), or None."""
+    if not loaded.check(output_graph.local_scope):
+        return "the saved guards, loaded back, fail on the call they were compiled for"
+    # The unguarded facts were written a moment ago in this process: nothing to write again.
+    return _check(proof, loaded, guards_state, _Scope(output_graph.local_scope, output_graph.global_scope),
+                  rewrite=False)
+
+
+def verify(proof: Proof | None, loaded: Any, guards_state: Any, f_locals: dict, f_globals: dict) -> str | None:
+    """Why a loaded entry may not serve this call (its guards passed on it), or None."""
+    if proof is None:
+        return "it has no proof of what its guards proved in the cold process"
+    return _check(proof, loaded, guards_state, _Scope(f_locals, f_globals), rewrite=True)
+
+
+def _check(proof: Proof, loaded: Any, guards_state: Any, frame: _Scope, rewrite: bool) -> str | None:
+    identities = Identities()
+    value = frame.values(_sources(g.originating_source for g in guards_state.output_graph.guards))
+    state = _TracedState(guards_state.output_graph.torch_function_mode_stack)
+    warm = _warm_facts(leaves(loaded.root), value, identities, state)
+    return check(proof, warm, (lambda item: _recheck(item, value, identities)) if rewrite else (lambda item: item.fact))
+
+
+def _warm_facts(tree: Iterable[Leaf], value: Callable[[str], Any], identities: Identities,
+                state: _TracedState) -> Iterator[Fact]:
+    """The facts of a loaded tree; a leaf with no fact proves nothing (a cold fact on it is
+    then unproven, and named)."""
+    for leaf in tree:
+        with contextlib.suppress(Unprovable):
+            yield _fact(leaf, value, identities, state, cold=False)
+
+
+def _fact(leaf: Leaf, value: Callable[[str], Any], identities: Identities, state: _TracedState,
+          cold: bool) -> Fact:
+    code = code_of(leaf.parts)
+    rule = rule_for(leaf.kind, code)
+    ambient = _ambient(leaf.kind, code) if rule.check is Check.AMBIENT else None
+    if cold and ambient is not None and ambient != code:
+        # The live guard checks what the process's state says: anything else is not understood.
+        raise Unprovable(f"{leaf.kind} on {leaf.source}: checks {code!r}, the process holds {ambient!r}")
+    if leaf.kind == "TORCH_FUNCTION_MODE_STACK":
+        return fact(leaf.source, leaf.kind, leaf.parts, value=state.mode_types, identity=identities)
+    return fact(leaf.source, leaf.kind, leaf.parts, value=lambda: value(leaf.source), identity=identities,
+                ambient=ambient)
+
+
+def _ambient(kind: str, code: str) -> str | None:
+    """The process's state, written as the guard of ``kind`` writes what it checks."""
+    if kind == "DEFAULT_DEVICE":
+        import torch.utils._device
+
+        return f"utils_device.CURRENT_DEVICE == {torch.utils._device.CURRENT_DEVICE!r}"
+    if kind == "LAMBDA_GUARD":  # saved-tensor hooks (guard_rules.LAMBDA_RULES)
+        from torch._functorch._aot_autograd import utils
+
+        hooks = utils.top_saved_tensors_hooks()
+        if utils.saved_tensors_hooks_are_inlineable(hooks):
+            # By id: nothing that holds in another process.
+            raise Unprovable(f"inlineable saved-tensor hooks are active ({code!r}): checked by id")
+        return "torch._functorch.aot_autograd.utils.top_saved_tensors_hooks ids == None"
+    return None
+
+
+class _TracedState:
+    """What the saved state says of the ambient state when tracing began."""
+
+    def __init__(self, mode_stack: list) -> None:
+        self._modes = mode_stack
+
+    def mode_types(self) -> list[type]:
+        return [type(mode) for mode in self._modes]
+
+
+class _Scope:
+    """A frame's locals and globals, as guard sources are evaluated against them."""
+
+    def __init__(self, f_locals: dict, f_globals: dict) -> None:
+        self.scope = {"L": f_locals, "G": f_globals, "__builtins__": builtins.__dict__}
+
+    def values(self, sources: dict[str, Any]) -> Callable[[str], Any]:
+        """The value at a source: through the Source a guard names, or, for one the guard
+        builder made on its own (``G['f'].__code__`` under a CLOSURE_MATCH), its name,
+        which is the Python expression Dynamo evaluates."""
+        from torch._dynamo.guards import _get_closure_vars
+
+        closure_vars, cache = _get_closure_vars(), {}
+        namespace = {**closure_vars, **self.scope}
+
+        def value(name: str) -> Any:
+            source = sources.get(name)
+            try:
+                if source is not None:
+                    return source.get_value(self.scope, closure_vars, cache)
+                return eval(name, namespace)  # noqa: S307 - a guard's source, as Dynamo evaluates it
+            except Exception as error:  # noqa: BLE001 - a source that does not resolve proves nothing
+                raise Unprovable(f"{name} cannot be evaluated here ({error!r:.100})") from None
+        return value
+
+
+def _sources(roots: Iterable[Any]) -> dict[str, Any]:
+    """Every source a guard names, and the sources it is built on, by name."""
+    found: dict[str, Any] = {}
+    for source in roots:
+        while source is not None and source.name not in found:
+            found[source.name] = source
+            source = getattr(source, "base", None)
+    return found
+
+
+def _module_sources(tree: list[Leaf]) -> list[str]:
+    import torch
+
+    return list(dict.fromkeys(leaf.source for leaf in tree if isinstance(leaf.guarded_type, type)
+                              and issubclass(leaf.guarded_type, torch.nn.Module)))
+
+
+def _builtins_read(root: Any, output_graph: Any) -> list[tuple[str, set[str]]]:
+    """(module, builtins read) for the compiled frame and every function it inlined."""
+    by_module: dict[str, set[str]] = {}
+    codes = list(dict.fromkeys([root, *output_graph.tracing_context.traced_code]))
+    modules = {id(root): sys.modules.get(output_graph.global_scope.get("__name__", ""))}
+    for code in codes:
+        modules.setdefault(id(code), inspect.getmodule(code))
+    for code in codes:  # a nested function (a comprehension, a local def) reads its outer one's globals
+        for const in _nested(code):
+            if modules.get(id(const)) is None:
+                modules[id(const)] = modules[id(code)]
+    for code in codes:
+        module = modules[id(code)]
+        if module is None or sys.modules.get(module.__name__) is not module:
+            raise Unprovable(f"the module of {code.co_qualname} ({code.co_filename}) is not found by name: the "
+                             f"builtins it reads cannot be checked in another process")
+        names = builtins_read(code, vars(module))
+        if names:
+            by_module.setdefault(module.__name__, set()).update(names)
+    return sorted(by_module.items())
+
+
+def _nested(code: Any) -> Iterator[Any]:
+    for const in code.co_consts:
+        if isinstance(const, type(code)):
+            yield const
+            yield from _nested(const)
+
+
+def _recheck(item: Recheck, value: Callable[[str], Any], identities: Identities) -> Fact:
+    """An unguarded fact, written again from what this process holds (``value``: the call's
+    value at a source)."""
+    kind, source = item.fact.kind, item.fact.source
+    if kind == GLOBAL_MODULE_HOOKS:
+        return global_module_hooks(sys.modules[_NN_MODULE], identities)
+    if kind == MODULE_HOOKS:
+        return module_hooks(value(source), source, identities)
+    if kind == UNSHADOWED_BUILTINS:
+        module = sys.modules.get(source)
+        if module is None:
+            raise Unprovable(f"module {source} is not imported")
+        return unshadowed_builtins(source, vars(module), item.payload)
+    if kind == CONSTANT_RESULT:
+        module_name, qualname, args, kwargs = item.payload
+        kwargs = dict(kwargs)
+        try:
+            fn = _resolve(module_name, qualname)
+            result = fn(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - the user's function: any failure means "not the same"
+            raise Unprovable(f"calling {module_name}.{qualname} failed ({error!r:.100})") from None
+        return constant_result(fn, args, kwargs, result, identities)
+    raise Unprovable(f"unknown kind {kind}")
+
+
+def _resolve(module: str, qualname: str) -> Any:
+    obj: Any = sys.modules[module]
+    for name in qualname.split("."):
+        obj = getattr(obj, name)
+    return obj

@@ -1,0 +1,130 @@
+"""What Dynamo leaves unguarded inside one process, and a restart must check.
+
+Dynamo skips some checks because the facts behind them rarely change while a
+process runs: the hooks on a submodule (``skip_nnmodule_hook_guards``) and the
+global module hooks, a module global that would shadow a builtin the code
+reads, what an ``assume_constant_result`` function returned.  Between two
+processes they change routinely (a command-line switch adds a hook), and a
+restarted process used to trace them in afresh.  A saved entry records each
+as a ``guard_rules.Fact`` when it is saved, and the warm process writes the
+same fact from what it holds before the entry serves a call: a fact that
+differs, or that cannot be written, keeps the entry from serving.
+
+Kinds (a fact's ``kind``):
+
+* ``MODULE_HOOKS``: the forward/backward (pre-)hooks of a module the compile
+  traced, by identity, with their flags; keyed by the module's source;
+* ``GLOBAL_MODULE_HOOKS``: the same for ``torch.nn.modules.module``'s global
+  hooks;
+* ``UNSHADOWED_BUILTINS``: the builtins a traced function reads that its
+  module's globals do not define;
+* ``CONSTANT_RESULT``: an ``assume_constant_result`` function's result for
+  the arguments the compile called it with.
+
+Plain Python: hooks are read by attribute name, objects described by
+``warm_start.identity``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dis
+import types
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from stableguards.warm_start.guard_rules import Fact, Unprovable
+from stableguards.warm_start.key import stable_repr
+
+MODULE_HOOKS = "MODULE_HOOKS"
+GLOBAL_MODULE_HOOKS = "GLOBAL_MODULE_HOOKS"
+UNSHADOWED_BUILTINS = "UNSHADOWED_BUILTINS"
+CONSTANT_RESULT = "CONSTANT_RESULT"
+KINDS = (MODULE_HOOKS, GLOBAL_MODULE_HOOKS, UNSHADOWED_BUILTINS, CONSTANT_RESULT)
+
+# (hooks dict, the dicts of per-hook flags keyed like it): an nn.Module's, then the globals'.
+_MODULE_HOOKS = (("_forward_pre_hooks", ("_forward_pre_hooks_with_kwargs",)),
+                 ("_forward_hooks", ("_forward_hooks_with_kwargs", "_forward_hooks_always_called")),
+                 ("_backward_pre_hooks", ()), ("_backward_hooks", ()))
+_GLOBAL_HOOKS = (("_global_forward_pre_hooks", ()),
+                 ("_global_forward_hooks", ("_global_forward_hooks_with_kwargs", "_global_forward_hooks_always_called")),
+                 ("_global_backward_pre_hooks", ()), ("_global_backward_hooks", ()))
+_SIMPLE_TYPES = (type(None), bool, int, float, complex, str, bytes)
+
+
+def module_hooks(module: Any, source: str, identity: Callable[[Any], str | None]) -> Fact:
+    """The hooks an ``nn.Module`` runs around its forward, as a fact about ``source``."""
+    claim = _hooks(lambda name: getattr(module, name, None), _MODULE_HOOKS, identity, source)
+    return Fact(source, MODULE_HOOKS, f"{claim}; full backward={getattr(module, '_is_full_backward_hook', None)}")
+
+
+def global_module_hooks(module_module: Any, identity: Callable[[Any], str | None]) -> Fact:
+    """The global module hooks (``torch.nn.modules.module``), which every module runs."""
+    source = getattr(module_module, "__name__", "?")
+    claim = _hooks(lambda name: getattr(module_module, name, None), _GLOBAL_HOOKS, identity, source)
+    return Fact(source, GLOBAL_MODULE_HOOKS,
+                f"{claim}; full backward={getattr(module_module, '_global_is_full_backward_hook', None)}")
+
+
+def _hooks(read: Callable[[str], Any], layout: tuple, identity: Callable[[Any], str | None], where: str) -> str:
+    """Each hooks dict in order: its hooks by identity and their flags.  The dicts' keys are
+    handle ids from a process-wide counter, so they are left out; the order is kept."""
+    written = []
+    for name, flag_names in layout:
+        hooks = read(name) or {}
+        flags = [read(f) or {} for f in flag_names]
+        entries = []
+        for key, hook in hooks.items():
+            described = identity(hook)
+            if described is None:
+                raise Unprovable(f"{where}.{name} holds {hook!r:.80}, which has no identity that holds in "
+                                 f"another process")
+            entries.append(described + "".join(f"+{f}" for f, d in zip(flag_names, flags) if d.get(key)))
+        written.append(f"{name.lstrip('_')}=[{', '.join(entries)}]")
+    return "; ".join(written)
+
+
+def read_globals(code: types.CodeType) -> set[str]:
+    """The names ``code`` (nested code included) loads as globals."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= read_globals(const)
+    return names
+
+
+def unshadowed_builtins(module: str, globals_: Mapping[str, Any], names: Iterable[str]) -> Fact:
+    """Which of ``names`` (builtins a traced function of ``module`` reads) its globals
+    define: none, when the fact was recorded."""
+    names = sorted(set(names))
+    shadowed = [n for n in names if n in globals_]
+    claim = f"builtins read: {', '.join(names)}" + (f"; shadowed by globals: {', '.join(shadowed)}" if shadowed else "")
+    return Fact(module, UNSHADOWED_BUILTINS, claim)
+
+
+def builtins_read(code: types.CodeType, globals_: Mapping[str, Any]) -> set[str]:
+    """The builtins ``code`` reads: globals it loads that its module does not define."""
+    return {n for n in read_globals(code) if n not in globals_ and hasattr(builtins, n)}
+
+
+def constant_result(fn: Any, args: tuple, kwargs: Mapping[str, Any], result: Any,
+                    identity: Callable[[Any], str | None]) -> Fact:
+    """What an ``assume_constant_result`` function returned for constant arguments."""
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
+    described = identity(fn)
+    if described is None:
+        raise Unprovable(f"assume_constant_result function {name} has no identity that holds in another process")
+    if not all(_simple(a) for a in (*args, *kwargs.values(), result)):
+        raise Unprovable(f"assume_constant_result function {name} was called with or returned values that "
+                         f"cannot be compared across processes")
+    call = f"({', '.join(map(stable_repr, args))}{', ' if args and kwargs else ''}" \
+           f"{', '.join(f'{k}={stable_repr(v)}' for k, v in sorted(kwargs.items()))})"
+    return Fact(name + call, CONSTANT_RESULT, f"{described}{call} == {stable_repr(result)}")
+
+
+def _simple(value: Any) -> bool:
+    if isinstance(value, (tuple, list)):
+        return all(_simple(v) for v in value)
+    if isinstance(value, dict):
+        return all(_simple(k) and _simple(v) for k, v in value.items())
+    return type(value) in _SIMPLE_TYPES

@@ -1,0 +1,190 @@
+"""Which saved guard proves, in another process, what a live guard proved in this one.
+
+A compiled frame's guards are a tree of C++ leaf guards, each on a source
+(``L['x']``, ``G['helpers'].K``) with a kind (``TENSOR_MATCH``) and the code
+it checks.  torch saves an entry's guards and rebuilds the tree when a
+restarted process loads it: from the values saved with the entry, but for
+some guards from whatever that process holds at load (an object pickled by
+name is the one of that name *there*; the default device and saved-tensor
+hooks are read when the tree is built).  So a loaded tree is never trusted for
+what it is: each live guard becomes a ``Fact`` (source, kind, what it proves,
+in words that mean the same in every process), and an entry is used only
+where every fact of the cold process's live tree is also a fact of the tree
+the warm process loaded, checked on the warm call (``unproven``).
+
+``RULES`` says, for each kind, how its fact is written and why that is sound.
+A kind not in the table, or a fact that cannot be written (an id with no
+cross-process identity), leaves the entry out.  Everything here is plain
+Python: the hook layer walks torch's trees and hands over strings and values.
+"""
+
+from __future__ import annotations
+
+import enum
+import io
+import re
+import tokenize
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+class Check(enum.Enum):
+    """How a kind's fact is written."""
+
+    SAME = "its code, as printed"
+    IDENTITY = "the identity of the object it checks, for the id in its code"
+    TYPE_IDENTITY = "the identity of the object's type, for the type id in its code"
+    STATE_IDENTITY = "the identity of what the saved state holds for it (its code names nothing)"
+    AMBIENT = "the process's state on the call it serves"
+    REFUSE = "no fact: the entry is left out"
+
+
+@dataclass(frozen=True)
+class Rule:
+    check: Check
+    why: str
+
+
+_SAME_PRINTED = ("built from the value saved with the entry, which its code prints in full; the same code "
+                 "checks the same thing in any process")
+RULES: dict[str, Rule] = {
+    "TENSOR_MATCH": Rule(Check.SAME, "dtype, device, dispatch keys, requires_grad, sizes and strides are "
+                                     "printed in full and rebuilt from the saved tensor"),
+    "EQUALS_MATCH": Rule(Check.SAME, "the expected value is printed with repr: equal code, equal value; a value "
+                                     "whose repr carries an address never matches another process (a miss)"),
+    **{kind: Rule(Check.SAME, _SAME_PRINTED) for kind in (
+        "DIMENSION_DYNAMIC_MARKING_GUARD", "DICT_CONTAINS", "DICT_LENGTH", "LENGTH_CHECK", "NONE_MATCH",
+        "NOT_NONE", "TRUE_MATCH", "FALSE_MATCH", "NO_HASATTR", "TUPLE_ITERATOR_LEN", "RANGE_ITERATOR_MATCH",
+        "SET_CONTAINS", "FLOAT_IS_NAN", "COMPLEX_IS_NAN", "MAPPING_KEYS_MATCH", "DISPATCH_KEY_SET_MATCH",
+        "SYMBOLIC_SHAPE_GUARD", "DUAL_LEVEL_MATCH")},
+    **{kind: Rule(Check.SAME, "relates sources to each other by name (aliasing, overlap): the same statement "
+                              "in any process") for kind in ("OBJECT_ALIASING", "NO_TENSOR_ALIASING",
+                                                             "STORAGE_OVERLAPPING")},
+    "GLOBAL_STATE": Rule(Check.SAME, "grad mode, autocast, default dtype, deterministic algorithms and the rest "
+                                     "are printed and rebuilt from the state saved when tracing began"),
+    "ID_MATCH": Rule(Check.IDENTITY, "an id means nothing in another process; the object now at the source, "
+                                     "which the rebuilt check makes the one of the saved id, must be equivalent "
+                                     "to the cold one by warm_start.identity (code, defaults, closure, methods)"),
+    "TYPE_MATCH": Rule(Check.TYPE_IDENTITY, "as ID_MATCH, for the object's class: same import name and methods"),
+    "TORCH_FUNCTION_MODE_STACK": Rule(Check.STATE_IDENTITY, "checks the types of the active torch function "
+                                                            "modes against the saved stack's, whose classes "
+                                                            "are found by name when loaded: compared by identity"),
+    "EPILOGUE_LAMBDA_GUARD": Rule(Check.SAME, "torch compiles an epilogue lambda from its code parts (shape "
+                                              "guards, object aliasing), saved with the entry: it runs the code it "
+                                              "prints, against the frame's sources"),
+    "DEFAULT_DEVICE": Rule(Check.AMBIENT, "C++ reads the default device when the tree is built, not the saved "
+                                          "one it prints: the call's device is compared with the cold one"),
+    "DICT_VERSION": Rule(Check.REFUSE, "a dict's version counter is this process's own"),
+    "FAKE_SCRIPT_TYPE_MATCH": Rule(Check.REFUSE, "a script object's type is checked by id"),
+}
+
+# LAMBDA_GUARD is a Python closure; only lambdas whose code says all they check have rules.
+_SAVED_TENSOR_HOOKS = "torch._functorch.aot_autograd.utils.top_saved_tensors_hooks ids =="
+LAMBDA_RULES: dict[str, Rule] = {
+    _SAVED_TENSOR_HOOKS: Rule(Check.AMBIENT, "the hook ids are read from the process when the tree is built: the "
+                                             "call's inlineable saved-tensor hooks are compared with the cold "
+                                             "ones, and only 'none' can be compared across processes"),
+    "torch._functorch.pyfunctorch.compare_functorch_state(": Rule(
+        Check.SAME, "the functorch interpreter states are printed and rebuilt from the saved layers"),
+}
+_REFUSED = Rule(Check.REFUSE, "no rule for this kind: what it proves in another process is not known")
+
+
+def rule_for(kind: str, code: str = "") -> Rule:
+    """The rule for a leaf guard of ``kind`` whose (comment-free) code is ``code``."""
+    if kind == "LAMBDA_GUARD":
+        return next((r for prefix, r in LAMBDA_RULES.items() if code.startswith(prefix)), _REFUSED)
+    return RULES.get(kind, _REFUSED)
+
+
+@dataclass(frozen=True)
+class Fact:
+    """What one leaf guard proves, written the same way in every process."""
+
+    source: str
+    kind: str
+    claim: str
+
+    def describe(self) -> str:
+        return f"{self.kind} on {self.source}: {self.claim}"
+
+
+class Unprovable(Exception):
+    """A live guard whose fact cannot be written: the entry is left out."""
+
+
+def code_of(parts: Iterable[str]) -> str:
+    """A leaf guard's code without the comments torch adds (the user's source line)."""
+    return "\n".join(_strip_comment(p) for p in parts)
+
+
+def fact(source: str, kind: str, parts: Iterable[str], *, value: Callable[[], Any] | None = None,
+         identity: Callable[[Any], str | None] | None = None, ambient: str | None = None) -> Fact:
+    """The fact of one leaf guard.
+
+    ``value`` returns the object the guard checks (called only for identity
+    kinds), ``identity`` describes objects (``warm_start.identity``),
+    ``ambient`` is the process's state for an AMBIENT kind, written as the
+    guard's code writes it.  Raises Unprovable when there is no fact.
+    """
+    code = code_of(parts)
+    rule = rule_for(kind, code)
+    if rule.check is Check.SAME:
+        return Fact(source, kind, code)
+    if rule.check is Check.AMBIENT:
+        if ambient is None:
+            raise Unprovable(f"{kind} on {source}: {code!r} reads the process's state, which was not given")
+        return Fact(source, kind, ambient)
+    if rule.check is Check.REFUSE:
+        raise Unprovable(f"{kind} on {source} ({_short(code)!r}): {rule.why}")
+    if value is None or identity is None:
+        raise Unprovable(f"{kind} on {source}: its object was not given")
+    obj = value()
+    if rule.check is Check.TYPE_IDENTITY:
+        obj = type(obj)
+    if rule.check is not Check.STATE_IDENTITY:
+        ids = {int(m.group(2)) for m in _IDS.finditer(code)}
+        if ids != {id(obj)}:
+            raise Unprovable(f"{kind} on {source}: its code checks id(s) {sorted(ids)}, not the id of the object "
+                             f"found there ({id(obj)})")
+    described = identity(obj)
+    if described is None:
+        raise Unprovable(f"{kind} on {source}: {_short(repr(obj))} has no identity that holds in another "
+                         f"process (see warm_start.identity)")
+    if rule.check is Check.STATE_IDENTITY:
+        return Fact(source, kind, f"{code} with {described}")
+    return Fact(source, kind, _IDS.sub(lambda m: f"{m.group(1)}<{described}>)", code))
+
+
+def unproven(cold: Iterable[Fact], warm: Iterable[Fact]) -> list[Fact]:
+    """The cold facts the warm tree does not prove, in order.  A warm tree may prove more
+    (another guard is only stricter); it may not prove less."""
+    have = set(warm)
+    return [f for f in cold if f not in have]
+
+
+def explain_unproven(missing: list[Fact], warm: Iterable[Fact]) -> str:
+    """Name the first fact the warm tree lacks, and what it has on that source instead."""
+    first = missing[0]
+    instead = [f.claim for f in warm if f.source == first.source and f.kind == first.kind]
+    text = f"{first.kind} on {first.source} proved {_short(first.claim)!r} in the cold process"
+    text += f", here {_short(instead[0])!r}" if instead else ", and has no counterpart here"
+    return text + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+
+
+# ___check_obj_id(<source>, 140235...) and ___check_type_id(<source>, 9456...): the id is the last argument.
+_IDS = re.compile(r"(___check_(?:obj|type)_id\(.*, )(\d+)\)")
+
+
+def _strip_comment(part: str) -> str:
+    try:
+        tokens = [t for t in tokenize.generate_tokens(io.StringIO(part).readline)
+                  if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.ENDMARKER)]
+        return tokenize.untokenize(tokens).strip() if tokens else ""
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return part.strip()  # not Python: compared whole, comment and all (never wrongly equal)
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 120 else text[:117] + "..."

@@ -1,0 +1,263 @@
+"""What an object is, told the same way in every process: warm start's identity rule.
+
+A compile that guarded an object by identity (``ID_MATCH`` on a module, a
+class, a builtin; ``TYPE_MATCH``; a function's ``__code__``) proved "this is
+that object", which says nothing in another process.  What it relied on is
+what the object *is*: the code a function runs, with its defaults and what
+its closure holds; the methods of a class, along its MRO; the name a module or
+a builtin is imported under.  ``identity(obj)`` describes exactly that, so two
+processes compute the same string only for objects a compile cannot tell
+apart, and it returns None where no such description exists: the caller then
+leaves the entry out rather than trust a name.
+
+* constants (None, bools, numbers, strings, bytes) and containers of
+  describable objects: by value (sets sorted, so the hash seed does not show);
+  a bare ``object()`` (a sentinel) as itself: it has nothing but its identity,
+  which code compares within one process;
+* a module: its name, when ``sys.modules`` holds it under that name;
+* a builtin function: where it is imported from, when that name leads back to
+  it; a C method of a class (``dict.get``): that class and the method's name;
+* a code object: ``code_digest`` (bytecode, names, constants, nested code);
+* a Python function: its code, defaults, keyword defaults, the contents of
+  its closure cells (recursively, by this same rule) and the module whose
+  globals it reads.  The globals' values are not part of it: a compile that
+  inlined the function guarded each global it read, on its own;
+* a class: its import name (which must lead back to it) and, along its MRO,
+  every function-like attribute (functions, static and class methods,
+  properties) by this rule.  Dynamo trusts a class's methods while its
+  identity holds, so a method patched in one process and not in the other
+  changes the class's identity; class attributes that are values are guarded
+  by Dynamo when a compile reads them;
+* a bound method, ``functools.partial``, an enum member: their parts;
+* a few torch value types whose ``repr`` is their whole value (dtypes,
+  devices, operators by qualified name), told apart by type name so that this
+  module needs no torch.
+
+Everything here is plain Python; the hook layer hands it the objects.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import hashlib
+import sys
+import types
+from typing import Any
+
+from stableguards.warm_start.key import code_digest
+
+# Types whose repr is their whole value in every process, by qualified name.
+_BY_REPR = frozenset({
+    "torch.dtype", "torch.device", "torch.layout", "torch.memory_format", "torch.Size",
+    "torch._ops.OpOverload", "torch._ops.OpOverloadPacket", "torch._ops._OpNamespace",
+    "torch._ops.HigherOrderOperator",
+})
+
+
+class _Empty:
+    """What an empty closure cell holds, here."""
+
+    def __repr__(self) -> str:
+        return "<empty cell>"
+
+
+_EMPTY = _Empty()
+_CONSTANTS = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis), type(NotImplemented), _Empty)
+# C-level callables of classes: a method descriptor names its class and itself.
+_DESCRIPTORS = (types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType,
+                types.GetSetDescriptorType, types.MemberDescriptorType, types.MethodWrapperType)
+
+
+def identity(obj: Any) -> str | None:
+    """A description of ``obj`` that is equal in two processes only for objects a compile
+    cannot tell apart; None when ``obj`` has none."""
+    return Identities()(obj)
+
+
+class Identities:
+    """``identity`` for many objects in a row (one guard tree): a class described once.
+
+    Remembers what it is describing, so a cycle (a method's ``__class__`` cell
+    holds its class) names the object instead of recursing.  Only whole
+    descriptions are remembered, each with its object, so an id is never
+    reused while it is remembered and no answer depends on what was open
+    when it was computed.
+    """
+
+    def __init__(self) -> None:
+        self._open: dict[int, str] = {}
+        self._done: dict[int, tuple[Any, str | None]] = {}
+
+    def __call__(self, obj: Any) -> str | None:
+        done = self._done.get(id(obj))
+        if done is not None and done[0] is obj:
+            return done[1]
+        described = self.describe(obj)
+        self._done[id(obj)] = (obj, described)
+        return described
+
+    def describe(self, obj: Any) -> str | None:
+        key = id(obj)
+        if key in self._open:
+            return f"<cycle {self._open[key]}>"
+        self._open[key] = _label(obj)
+        try:
+            return self._describe(obj)
+        finally:
+            del self._open[key]
+
+    def _all(self, values: Any) -> list[str] | None:
+        described = [self.describe(v) for v in values]
+        return None if any(d is None for d in described) else described  # type: ignore[return-value]
+
+    def _describe(self, obj: Any) -> str | None:
+        kind = type(obj)
+        if kind in _CONSTANTS:
+            return f"{kind.__name__}:{obj!r}"
+        if kind is object:
+            # A bare object() carries no state: a sentinel (a default argument `missing`),
+            # which code only compares by identity, within one process.
+            return "object()"
+        if _type_name(obj) in _BY_REPR:
+            return f"{_type_name(obj)}:{obj!r}"
+        if kind in (tuple, list, frozenset, set):
+            parts = self._all(obj)
+            if parts is None:
+                return None
+            return f"{kind.__name__}({', '.join(sorted(parts) if kind in (set, frozenset) else parts)})"
+        if kind is dict:
+            items = self._all(obj.items())
+            return None if items is None else "dict(" + ", ".join(sorted(items)) + ")"
+        if isinstance(obj, types.ModuleType):
+            return f"module:{obj.__name__}" if sys.modules.get(obj.__name__) is obj else None
+        if isinstance(obj, types.CodeType):
+            return f"code:{obj.co_qualname}:{code_digest(obj)}"
+        if isinstance(obj, types.FunctionType):
+            return self._function(obj)
+        if isinstance(obj, type):
+            return self._class(obj)
+        if isinstance(obj, types.BuiltinFunctionType):
+            owner = getattr(obj, "__self__", None)
+            if isinstance(owner, type):  # a C classmethod, bound to its class
+                described = self.describe(owner)
+                return None if described is None else f"builtin:{described}.{obj.__name__}"
+            return _builtin(obj)
+        if isinstance(obj, _DESCRIPTORS):
+            owner = self.describe(getattr(obj, "__objclass__", None))
+            return None if owner is None else f"{kind.__name__}:{owner}.{obj.__name__}"
+        if isinstance(obj, types.MethodType):
+            parts = self._all((obj.__func__, obj.__self__))
+            return None if parts is None else f"method:{parts[0]} of {parts[1]}"
+        if isinstance(obj, (staticmethod, classmethod)):
+            inner = self.describe(obj.__func__)
+            return None if inner is None else f"{kind.__name__}({inner})"
+        if isinstance(obj, property):
+            parts = self._all((obj.fget, obj.fset, obj.fdel))
+            return None if parts is None else f"property({', '.join(parts)})"
+        if isinstance(obj, functools.partial):
+            parts = self._all((obj.func, obj.args, obj.keywords))
+            return None if parts is None else f"partial({', '.join(parts)})"
+        if isinstance(obj, enum.Enum):
+            owner = self.describe(kind)
+            return None if owner is None else f"enum:{owner}.{obj.name}"
+        return None
+
+    def _function(self, fn: types.FunctionType) -> str | None:
+        home = _module_of_globals(fn.__globals__)
+        if home is None:
+            return None  # globals that are not a module's: nothing names them in another process
+        cells = []
+        for cell in fn.__closure__ or ():
+            try:
+                cells.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                cells.append(_EMPTY)
+        parts = self._all((fn.__defaults__, fn.__kwdefaults__, tuple(cells)))
+        if parts is None:
+            return None
+        details = f"{code_digest(fn.__code__)}:defaults={parts[0]}:kwdefaults={parts[1]}:closure={parts[2]}"
+        return f"function:{home}.{fn.__qualname__}#{_digest(details)}"
+
+    def _class(self, cls: type) -> str | None:
+        if not _importable(cls):
+            return None
+        methods = []
+        for klass in cls.__mro__:
+            if klass is object:
+                continue
+            if klass is not cls and not _importable(klass):
+                return None
+            for name, value in sorted(vars(klass).items(), key=lambda item: item[0]):
+                if isinstance(value, _METHOD_LIKE):
+                    described = self._attribute(value)
+                    if described is None:
+                        return None
+                    methods.append(f"{_qualified(klass)}.{name}={described}")
+        mro = ",".join(_qualified(k) for k in cls.__mro__)
+        return f"class:{_qualified(cls)}#{_digest(f'{mro}:{methods}')}"
+
+    def _attribute(self, value: Any) -> str | None:
+        """A function-like class attribute.  A C function a class holds as a static method
+        has no module to be imported from; its place in the class names it, and its
+        qualname is fixed by the C code that defines it."""
+        inner = getattr(value, "__func__", None)
+        if isinstance(value, staticmethod) and isinstance(inner, types.BuiltinFunctionType) \
+                and getattr(inner, "__module__", None) is None and getattr(inner, "__self__", None) is None:
+            return f"staticmethod(builtin {inner.__qualname__})"
+        return self.describe(value)
+
+
+_METHOD_LIKE = (types.FunctionType, staticmethod, classmethod, property, functools.partialmethod)
+
+
+def _module_of_globals(scope: dict) -> str | None:
+    """The name of the module whose globals ``scope`` is.  Its ``__name__`` can be another
+    (``_collections_abc`` calls itself ``collections.abc``); its spec names it."""
+    spec = scope.get("__spec__")
+    for name in (getattr(spec, "name", None), scope.get("__name__")):
+        module = sys.modules.get(name) if isinstance(name, str) else None
+        if module is not None and vars(module) is scope:
+            return name
+    return None
+
+
+def _builtin(fn: types.BuiltinFunctionType) -> str | None:
+    """A builtin function by where it is imported from: its qualname in its module, or
+    its name (torch's functions live on a class but are exported by the module)."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    if module is None:
+        return None
+    for path in dict.fromkeys((fn.__qualname__, fn.__name__)):
+        try:
+            if functools.reduce(getattr, path.split("."), module) is fn:
+                return f"builtin:{module.__name__}.{path}"
+        except AttributeError:
+            continue
+    return None
+
+
+def _importable(cls: type) -> bool:
+    """Whether the class's module holds it under its qualname (a local class is not)."""
+    module = sys.modules.get(cls.__module__)
+    try:
+        return functools.reduce(getattr, cls.__qualname__.split("."), module) is cls
+    except AttributeError:
+        return False
+
+
+def _digest(details: str) -> str:
+    """Long descriptions (a class's methods, a closure) as a digest beside the object's name."""
+    return hashlib.sha256(details.encode()).hexdigest()[:32]
+
+
+def _qualified(obj: Any) -> str:
+    return f"{obj.__module__}.{obj.__qualname__}"
+
+
+def _type_name(obj: Any) -> str:
+    return _qualified(type(obj))
+
+
+def _label(obj: Any) -> str:
+    return _qualified(obj) if isinstance(obj, type) else _type_name(obj)

@@ -1,0 +1,143 @@
+"""One process of the edge-graph test (tests/test_flag_never_breaks.py).
+
+    python tests/_edge_child.py FLAG
+
+Compiles each edge callable with inductor and calls it on fixed inputs, beside
+eager.  Prints one JSON line: per case, an error if the compiled call raised,
+whether it equalled eager, and a digest of the results.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import sys
+
+import torch
+
+import stableguards
+
+
+def _detach_step(x):
+    return (x * 2).sum().detach()
+
+
+class _Scale:
+    def __init__(self, k: float) -> None:
+        self.k = k
+
+    def apply(self, x):
+        return x * self.k
+
+    def __call__(self, x):
+        return x + self.k
+
+
+def _inplace(x):
+    x.add_(1)
+
+
+def _graph_break(x):
+    y = x.sin()
+    torch._dynamo.graph_break()
+    return y.cos()
+
+
+def _nothing(x):
+    return None
+
+
+def _several(x):
+    return x, x.view(-1), x[0], x * 1, 3
+
+
+def _keyword(x, k=2.0):
+    return x * k
+
+
+def _train(model):
+    def step(x):
+        loss = model(x).square().mean()
+        loss.backward()
+        return loss.detach()
+    return step
+
+
+CASES = {
+    "input_returned": lambda x: x,
+    "view_only": lambda x: x.view(-1)[1:],
+    "times_one": lambda x: x * 1,
+    "plus_zero": lambda x: x + 0,
+    "detach": lambda x: x.detach(),
+    "detached_loss": _detach_step,
+    "inplace_only": _inplace,
+    "returns_none": _nothing,
+    "several_outputs": _several,
+    "graph_break": _graph_break,
+    "partial": functools.partial(_keyword, k=3.0),
+    "bound_method": _Scale(2.0).apply,
+    "callable_object": _Scale(0.5),
+    "lambda": lambda x: (x + 1).relu(),
+    "inference_mode": lambda x: x.exp(),
+    "train_step": None,  # built per run: a module's parameters take the gradients
+    "compiled_autograd": None,
+}
+
+
+def _inputs(name: str) -> torch.Tensor:
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    return x.requires_grad_(name in ("detach", "detached_loss"))
+
+
+def _flat(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value.detach().float()]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _flat(v)]
+    return [torch.tensor(float(value))] if isinstance(value, (int, float)) else []
+
+
+def run(name: str) -> dict:
+    torch.manual_seed(0)
+    if name in ("train_step", "compiled_autograd"):
+        model = torch.nn.Linear(8, 2)
+        twin = torch.nn.Linear(8, 2)
+        twin.load_state_dict(model.state_dict())
+        fn, eager_fn = _train(model), _train(twin)
+    else:
+        fn = eager_fn = CASES[name]
+    x, x_eager = _inputs(name), _inputs(name)
+    context = torch.inference_mode() if name == "inference_mode" else torch.enable_grad()
+    patch = torch._dynamo.config.patch(compiled_autograd=name == "compiled_autograd")
+    try:
+        with context, patch:
+            got = torch.compile(fn)(x)
+    except Exception as error:  # noqa: BLE001 - reported, not raised: every case runs
+        return {"error": f"{type(error).__name__}: {error}"[:400]}
+    with context:
+        want = eager_fn(x_eager)
+    got_all, want_all = _flat(got) + _flat(x), _flat(want) + _flat(x_eager)
+    if name in ("train_step", "compiled_autograd"):
+        got_all += [p.grad for p in model.parameters()]
+        want_all += [p.grad for p in twin.parameters()]
+    matches = len(got_all) == len(want_all) and all(torch.allclose(g, w, atol=1e-6) for g, w in zip(got_all, want_all))
+    digest = hashlib.sha256(b"".join(w.round(decimals=4).numpy().tobytes() for w in want_all)).hexdigest()[:16]
+    return {"error": None, "matches": matches, "eager": digest}
+
+
+def traced_here() -> list[str]:
+    """Code of stableguards' own that Dynamo took a frame of (it never should)."""
+    import os
+
+    from torch._dynamo.convert_frame import input_codes
+
+    ours = os.path.dirname(stableguards.__file__)
+    return sorted({code.co_qualname for ref in input_codes.seen if (code := ref()) is not None
+                   and code.co_filename.startswith(ours)})
+
+
+if __name__ == "__main__":
+    torch._dynamo.config.stable_guards = sys.argv[1] == "1"
+    results = {name: run(name) for name in CASES}
+    print(json.dumps({"cases": results, "traced_ours": traced_here(), "explain": stableguards.explain()}))

@@ -1,0 +1,214 @@
+"""The grammar of warm start's cold/warm campaign: programs and the changes between runs.
+
+A case is a program (a function or an ``nn.Module`` of one input, forward only
+or with a backward) made of one to three features, run under an ambient
+setting, and at most one change, made between the cold process and the warm
+one as a restarted job would see it: a module global rebound, a helper
+module's constant or function, a method patched on a class, a builtin
+shadowed, a torch function rebound, a class attribute, a closure cell or a
+mutable object a closure holds, a default, a dataclass or dict config, an
+environment variable a branch reads, an ``assume_constant_result`` function's
+input, a module hook of any kind or a global one, saved-tensor hooks, grad,
+inference or autocast mode, the default dtype, a Dynamo or inductor setting,
+or nothing at all.  ``sources`` writes the case's modules for either process.
+
+Hypothesis draws cases (``cases()``); tests/test_warm_campaign.py runs them.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field
+
+from hypothesis import strategies as st
+
+OPS = ("sin", "cos", "tanh", "sigmoid", "relu", "exp")
+VALUES = (1.5, 2.0, 2.5, 3.0, 0.5)
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One thing a program reads.  ``change`` says whether the warm process sees it changed."""
+
+    kind: str
+    a: float
+    b: float
+    op_a: str
+    op_b: str
+    variant: int = 0
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    module: bool  # an nn.Module (a Linear, then the features) rather than a function
+    train: bool  # the input requires grad, and the backward runs
+    features: tuple[Feature, ...]
+    ambient: str  # the context both processes call it under, unless it is what changes
+    changed: int | None  # which feature changes (len(features): the ambient setting), or None
+
+    def change_kind(self) -> str:
+        if self.changed is None:
+            return "none"
+        return self.features[self.changed].kind if self.changed < len(self.features) else f"ambient:{self.ambient}"
+
+
+FEATURES = ("module_global", "helper_constant", "helper_attribute", "function_rebound", "helper_function_rebound",
+            "method_patched", "builtin_shadowed", "torch_function_rebound", "class_attribute", "closure_cell",
+            "mutable_closure", "default_arg", "dataclass_config", "dict_config", "env_branch", "constant_function",
+            "module_hook", "global_module_hook")
+# Ambient settings and what the changed process runs under instead.
+AMBIENTS = {
+    "none": "no_grad", "no_grad": "none", "inference_mode": "none", "autocast": "none", "float64": "none",
+    "saved_tensor_hooks": "saved_tensor_hooks_changed", "inlined_saved_tensor_hooks": "inlined_saved_tensor_hooks_changed",
+    "dynamo_setting": "dynamo_setting_changed", "inductor_setting": "inductor_setting_changed",
+}
+# Changes that need not show in the eager outputs (a setting that only changes how it compiles).
+UNOBSERVABLE = {"ambient:dynamo_setting", "ambient:inductor_setting", "ambient:no_grad", "ambient:none",
+                "ambient:inference_mode", "ambient:float64", "ambient:autocast"}
+
+
+@st.composite
+def features(draw: st.DrawFn) -> Feature:
+    a, b = draw(st.lists(st.sampled_from(VALUES), min_size=2, max_size=2, unique=True))
+    op_a, op_b = draw(st.lists(st.sampled_from(OPS), min_size=2, max_size=2, unique=True))
+    return Feature(draw(st.sampled_from(FEATURES)), a, b, op_a, op_b, draw(st.integers(0, 2)))
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> Case:
+    module = draw(st.booleans())
+    feats = tuple(draw(st.lists(features(), min_size=1, max_size=3, unique_by=lambda f: f.kind)))
+    if not module:  # hooks need a module
+        feats = tuple(f for f in feats if not f.kind.endswith("module_hook")) \
+            or (Feature("module_global", 2.0, 3.0, "sin", "cos"),)
+    ambient = draw(st.sampled_from(sorted(AMBIENTS)))
+    train = draw(st.booleans()) and ambient not in ("no_grad", "inference_mode")
+    if ambient.endswith("saved_tensor_hooks"):
+        train = True  # the hooks act on a backward
+    changed = draw(st.one_of(st.none(), st.sampled_from(range(len(feats) + 1))))  # half unchanged
+    return Case("case", module, train, feats, ambient, changed)
+
+
+@dataclass
+class _Program:
+    helper: list[str] = field(default_factory=list)
+    main: list[str] = field(default_factory=list)
+    steps: list[str] = field(default_factory=list)
+    build: list[str] = field(default_factory=list)  # run in build(), on `net` for modules
+    teardown: list[str] = field(default_factory=list)
+
+
+def sources(case: Case, warm: bool) -> dict[str, str]:
+    """The case's modules, ``<name>`` and ``<name>_helper``, as the cold or warm process has them."""
+    p = _Program()
+    helper = f"{case.name}_helper"
+    for i, feature in enumerate(case.features):
+        _feature(p, case, i, feature, warm and case.changed == i)
+    ambient = case.ambient
+    if warm and case.changed == len(case.features):
+        ambient = AMBIENTS[ambient]
+    body = "\n".join(f"    {line}" for line in ["y = x", *p.steps, "return y"])
+    if case.module:
+        program = (f"class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                   f"        self.lin = torch.nn.Linear(8, 8)\n\n    def forward(self, x):\n"
+                   + textwrap.indent(body.replace("y = x", "y = self.lin(x)", 1), "    ")
+                   + "\n\n\ndef build():\n    torch.manual_seed(0)\n    net = Net()\n"
+                   + "".join(f"    {line}\n" for line in p.build) + "    return net\n")
+    else:
+        program = f"def fn(x):\n{body}\n\n\ndef build():\n" + "".join(f"    {line}\n" for line in p.build) \
+            + "    return fn\n"
+    teardown = "def teardown():\n" + "".join(f"    {line}\n" for line in p.teardown or ["pass"])
+    main = (f"import dataclasses\nimport os\n\nimport torch\nimport torch.nn.functional as F\n\nimport {helper} as helper\n"
+            f"\nTRAIN = {case.train}\nAMBIENT = {ambient!r}\n_handles = []\n" + "\n".join(p.main) + "\n\n\n"
+            + program + "\n\n" + teardown)
+    return {case.name: main, helper: "import torch\n\n" + "\n".join(p.helper) + "\n"}
+
+
+def _feature(p: _Program, case: Case, i: int, f: Feature, changed: bool) -> None:
+    a, b, op_a, op_b = f.a, f.b, f.op_a, f.op_b
+    kind = f.kind
+    if kind == "module_global":
+        p.main.append(f"K{i} = {b if changed else a}")
+        p.steps.append(f"y = y * K{i}")
+    elif kind == "helper_constant":  # the other module's source differs
+        p.helper += [f"C{i} = {b if changed else a}", f"def scale{i}(t):\n    return t * C{i}"]
+        p.steps.append(f"y = helper.scale{i}(y)")
+    elif kind == "helper_attribute":  # the other module's attribute is set from here
+        p.helper += [f"C{i} = {a}", f"def scale{i}(t):\n    return t * C{i}"]
+        if changed:
+            p.main.append(f"helper.C{i} = {b}")
+        p.steps.append(f"y = helper.scale{i}(y)")
+    elif kind == "function_rebound":
+        p.main += [f"def act{i}_a(t):\n    return t.{op_a}()", f"def act{i}_b(t):\n    return t.{op_b}()",
+                   f"ACT{i} = act{i}_{'b' if changed else 'a'}"]
+        p.steps.append(f"y = ACT{i}(y)")
+    elif kind == "helper_function_rebound":  # mod.act = my_act
+        p.helper.append(f"def act{i}(t):\n    return t.{op_a}()")
+        if changed:
+            p.main += [f"def my_act{i}(t):\n    return t.{op_b}()", f"helper.act{i} = my_act{i}"]
+        p.steps.append(f"y = helper.act{i}(y)")
+    elif kind == "method_patched":
+        p.helper.append(f"class Op{i}:\n    def apply(self, t):\n        return t.{op_a}()")
+        p.main.append(f"OP{i} = helper.Op{i}()")
+        if changed:
+            p.main += [f"def _apply{i}(self, t):\n    return t.{op_b}()", f"helper.Op{i}.apply = _apply{i}"]
+        p.steps.append(f"y = OP{i}.apply(y)")
+    elif kind == "builtin_shadowed":
+        if changed:
+            p.main.append(f"def abs(t):\n    return t * {b}")
+        p.steps.append("y = abs(y) + 0.5")
+    elif kind == "torch_function_rebound":
+        if changed:
+            p.main += [f"_saved_{op_a}{i} = torch.{op_a}", f"torch.{op_a} = torch.{op_b}"]
+            p.teardown.append(f"torch.{op_a} = _saved_{op_a}{i}")
+        p.steps.append(f"y = torch.{op_a}(y)")
+    elif kind == "class_attribute":
+        p.main += [f"class Cfg{i}:\n    SCALE = {a}", f"CFG{i} = Cfg{i}()"]
+        if changed:
+            p.main.append(f"Cfg{i}.SCALE = {b}")
+        p.steps.append(f"y = y * CFG{i}.SCALE")
+    elif kind == "closure_cell":
+        p.main += [f"def make{i}(k):\n    def f(t):\n        return t * k\n    return f", f"F{i} = make{i}({b if changed else a})"]
+        p.steps.append(f"y = F{i}(y)")
+    elif kind == "mutable_closure":
+        p.main += [f"STATE{i} = {{'k': {a}}}", f"def make{i}(s):\n    def f(t):\n        return t * s['k']\n    return f",
+                   f"G{i} = make{i}(STATE{i})"]
+        if changed:
+            p.main.append(f"STATE{i}['k'] = {b}")
+        p.steps.append(f"y = G{i}(y)")
+    elif kind == "default_arg":
+        p.main.append(f"def d{i}(t, k={a}):\n    return t * k")
+        if changed:
+            p.main.append(f"d{i}.__defaults__ = ({b},)")
+        p.steps.append(f"y = d{i}(y)")
+    elif kind == "dataclass_config":
+        p.main += [f"@dataclasses.dataclass\nclass DC{i}:\n    k: float = {a}\n    on: bool = True",
+                   f"DCFG{i} = DC{i}({'k=' + str(b) if changed else ''})"]
+        p.steps.append(f"y = y * DCFG{i}.k if DCFG{i}.on else y")
+    elif kind == "dict_config":
+        p.main.append(f"DICT{i} = {{'k': {a}, 'on': True}}")
+        if changed:
+            p.main.append(f"DICT{i}['on'] = False" if f.variant == 0 else f"DICT{i}['k'] = {b}")
+        p.steps.append(f"y = y * DICT{i}['k'] if DICT{i}['on'] else y + 1")
+    elif kind == "env_branch":
+        var = f"SG_CAMPAIGN_{case.name.upper()}_{i}"
+        if changed:
+            p.main.append(f"os.environ[{var!r}] = '1'")
+            p.teardown.append(f"os.environ.pop({var!r}, None)")
+        read = f"os.environ.get({var!r})" if f.variant == 0 else f"os.getenv({var!r}, '0')"
+        p.steps.append(f"y = y + 1 if {read} == '1' else y * {a}")
+    elif kind == "constant_function":
+        p.main += [f"CONST{i} = {b if changed else a}",
+                   f"@torch._dynamo.assume_constant_result\ndef const{i}():\n    return CONST{i}"]
+        p.steps.append(f"y = y * const{i}()")
+    elif kind == "module_hook":  # on the Linear, the same in both processes; changed: another kind of hook
+        kinds = ("register_forward_hook(lambda m, i, o: o * {s})", "register_forward_pre_hook(lambda m, a: (a[0] * {s},))",
+                 "register_forward_hook(lambda m, a, k, o: o + {s}, with_kwargs=True)")
+        p.main.append(f"def hook{i}(m, inputs, out):\n    return out * {a}")
+        p.build.append(f"net.lin.{kinds[f.variant].format(s=b)}" if changed else f"net.lin.register_forward_hook(hook{i})")
+    elif kind == "global_module_hook":
+        if changed:
+            p.main.append(f"def ghook{i}(m, inputs, out):\n    return out * {b} if isinstance(out, torch.Tensor) else out")
+            p.build.append(f"_handles.append(torch.nn.modules.module.register_module_forward_hook(ghook{i}))")
+            p.teardown.append("[h.remove() for h in _handles]")

@@ -1,0 +1,104 @@
+"""One process of the generated warm-start campaign (tests/test_warm_campaign.py).
+
+    python tests/_warm_campaign_child.py SRC_DIR FLAG CASE [CASE ...]
+
+Each case module (tests/_warm_campaign.py writes them) defines ``build()``,
+``teardown()``, ``TRAIN`` and ``AMBIENT``.  Every case is compiled with
+inductor and called on a fixed input under its ambient setting, then run
+eagerly in this process; its outputs and gradients are compared.  Prints one
+JSON line: per case, whether compiled equalled eager, the frames Dynamo traced
+for it, and a digest of the eager results (to tell whether a change shows).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import json
+import sys
+
+import torch
+import torch._dynamo.utils as dynamo_utils
+
+import stableguards
+
+
+def _hooks(scale: float, inlined: bool) -> contextlib.AbstractContextManager:
+    """Saved-tensor hooks that scale what backward reads: plain functions, or FX graphs
+    (which AOTAutograd inlines into the compiled graphs)."""
+    def pack(t):
+        return torch.mul(t, 2.0)
+
+    def unpack(t):
+        return torch.mul(t, scale / 2.0)
+
+    if inlined:
+        pack, unpack = torch.fx.symbolic_trace(pack), torch.fx.symbolic_trace(unpack)
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+
+def ambient(name: str) -> contextlib.AbstractContextManager:
+    stack = contextlib.ExitStack()
+    if name == "no_grad":
+        stack.enter_context(torch.no_grad())
+    elif name == "inference_mode":
+        stack.enter_context(torch.inference_mode())
+    elif name == "autocast":
+        stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
+    elif name == "float64":
+        prior = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        stack.callback(torch.set_default_dtype, prior)
+    elif name.endswith("saved_tensor_hooks") or name.endswith("saved_tensor_hooks_changed"):
+        if name.startswith("inlined"):  # on every saved tensor, as eager applies them (not only donated ones)
+            stack.enter_context(torch._functorch.config.patch(saved_tensors_hooks_filtering_mode="all"))
+        stack.enter_context(_hooks(1.5 if name.endswith("changed") else 1.0, name.startswith("inlined")))
+    elif name.startswith("dynamo_setting"):
+        stack.enter_context(torch._dynamo.config.patch(specialize_float=name.endswith("changed")))
+    elif name.startswith("inductor_setting"):
+        stack.enter_context(torch._inductor.config.patch(epilogue_fusion=not name.endswith("changed")))
+    return stack
+
+
+def call(fn, module, train: bool) -> list[torch.Tensor]:
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3), dtype=torch.get_default_dtype())
+    x.requires_grad_(train)
+    params = list(module.parameters()) if isinstance(module, torch.nn.Module) else []
+    for p in params:
+        p.grad = None
+    out = fn(x)
+    results = [out.detach().float()]
+    if train:
+        out.float().sum().backward()
+        results += [t.grad.detach().float() for t in [x, *params] if t.grad is not None]
+    return results
+
+
+def run_case(name: str) -> dict:
+    module = importlib.import_module(name)
+    frames = dynamo_utils.counters["frames"]["total"]
+    try:
+        with ambient(module.AMBIENT):
+            fn = module.build()
+            compiled = torch.compile(fn)
+            got = call(compiled, fn, module.TRAIN)
+            traced = dynamo_utils.counters["frames"]["total"] - frames
+            want = call(fn, fn, module.TRAIN)
+    finally:
+        module.teardown()
+    tolerance = {"rtol": 2e-2, "atol": 2e-2} if module.AMBIENT == "autocast" else {"rtol": 1e-4, "atol": 1e-5}
+    matches = len(got) == len(want) and all(torch.allclose(g, w, **tolerance) for g, w in zip(got, want))
+    digest = hashlib.sha256(b"".join(w.round(decimals=3).numpy().tobytes() for w in want)).hexdigest()[:16]
+    return {"matches": matches, "frames": traced, "eager": digest}
+
+
+def main(src: str, flag: bool, names: list[str]) -> dict:
+    sys.path.insert(0, src)
+    torch._dynamo.config.stable_guards = flag
+    results = {name: run_case(name) for name in names}
+    return {"cases": results, "explain": stableguards.explain()}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1], sys.argv[2] == "1", sys.argv[3:])))

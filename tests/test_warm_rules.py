@@ -1,0 +1,245 @@
+"""Warm start's plain logic, without Dynamo: identities, the guard-rule table, unguarded
+facts and the proof check (stableguards.warm_start)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import os
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+
+from stableguards.warm_start import facts
+from stableguards.warm_start.guard_rules import (
+    LAMBDA_RULES,
+    RULES,
+    Check,
+    Fact,
+    Unprovable,
+    code_of,
+    explain_unproven,
+    fact,
+    rule_for,
+    unproven,
+)
+from stableguards.warm_start.identity import Identities, identity
+from stableguards.warm_start.proof import Proof, Recheck, check
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- identity ---------------------------------------------------------------------------
+
+def _double(t):
+    return t * 2
+
+
+def _triple(t):
+    return t * 3
+
+
+def _with_default(t, k=2):
+    return t * k
+
+
+def _make(k):
+    def scaled(t):
+        return t * k
+    return scaled
+
+
+class _Base:
+    def op(self, t):
+        return t + 1
+
+
+class _Child(_Base):
+    SCALE = 2.0
+
+    def forward(self, t):
+        return super().op(t) * self.SCALE
+
+
+class _Color(enum.Enum):
+    RED = 1
+
+
+def test_identity_tells_apart_what_a_compile_can_and_only_that():
+    assert identity(_double) == identity(_double)
+    assert identity(_double) != identity(_triple)  # another body
+    assert identity(_make(2)) == identity(_make(2)) != identity(_make(3))  # closure contents
+    copy = types.FunctionType(_with_default.__code__, _with_default.__globals__, "_with_default", (3,))
+    copy.__qualname__ = _with_default.__qualname__
+    assert identity(copy) != identity(_with_default)  # defaults
+    assert identity(_double.__code__) != identity(_triple.__code__)
+    assert identity(os) == "module:os"
+    assert identity(len) == "builtin:builtins.len"
+    assert identity(functools.partial(_double)) != identity(functools.partial(_triple))
+    assert identity(_Color.RED).startswith("enum:class:")
+    assert identity((1, "a", None, 2.5)) == identity((1, "a", None, 2.5)) != identity((1, "a", None, 2.0))
+    assert identity({"b": 1, "a": 2}) == identity({"a": 2, "b": 1})
+
+
+def test_identity_has_no_answer_where_nothing_names_the_object_elsewhere():
+    class Local:
+        pass
+
+    assert identity(Local) is None  # a local class: not importable
+    assert identity(object()) == "object()"  # a sentinel: nothing but its identity
+    assert identity(types.SimpleNamespace()) is None
+    assert identity(_make(types.SimpleNamespace())) is None  # a closure over an object with no identity
+    exec_globals: dict = {}
+    exec("def f(t):\n    return t\n", exec_globals)
+    assert identity(exec_globals["f"]) is None  # globals that are no module's
+
+
+def test_a_class_is_its_methods_along_its_mro():
+    before = identity(_Child)
+    original = _Base.op
+    try:
+        _Base.op = lambda self, t: t - 1  # patched on a base class
+        assert identity(_Child) != before
+    finally:
+        _Base.op = original
+    assert identity(_Child) == before and "._Child#" in before
+
+
+def test_a_cycle_names_the_object_instead_of_recursing():
+    # A method using super() closes over its class: describing the class meets it again.
+    assert identity(_Child) is not None
+    ids = Identities()
+    assert ids(_Child) == ids(_Child) == identity(_Child)
+
+
+def test_identities_are_the_same_in_every_process():
+    script = textwrap.dedent("""
+        import sys
+        sys.path.insert(0, %r)
+        sys.path.insert(0, %r)
+        import test_warm_rules as t
+        from stableguards.warm_start.identity import identity
+        print(identity(t._Child), identity(t._make(3)), identity({"s": {"x", "y", "z"}}), identity(t._Color.RED))
+    """ % (str(ROOT), str(ROOT / "tests")))
+    outputs = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in (1, 2, 3)}
+    assert len(outputs) == 1 and "None" not in outputs.pop()
+
+
+# --- the guard-rule table -----------------------------------------------------------------
+
+def test_every_rule_says_why_it_is_sound():
+    for kind, rule in {**RULES, **LAMBDA_RULES}.items():
+        assert rule.why and len(rule.why) > 20, kind
+    assert rule_for("SOMETHING_NEW").check is Check.REFUSE
+    assert rule_for("LAMBDA_GUARD", "___check_opaque_guard_fn_1234()").check is Check.REFUSE
+    assert rule_for("LAMBDA_GUARD", "torch._functorch.aot_autograd.utils.top_saved_tensors_hooks ids == None"
+                    ).check is Check.AMBIENT
+
+
+def test_a_fact_is_the_guards_code_without_torchs_comments():
+    part = "G['__import_helpers'].K == 2                # return x * K  # helpers.py:4 in scale"
+    assert fact("G['__import_helpers'].K", "EQUALS_MATCH", [part]) == \
+        Fact("G['__import_helpers'].K", "EQUALS_MATCH", "G['__import_helpers'].K == 2")
+    assert code_of(["L['d']['a#b'] == 'x#y'   # a comment"]) == "L['d']['a#b'] == 'x#y'"
+
+
+def test_an_id_becomes_the_identity_of_the_object_it_names():
+    code = f"___check_obj_id(G['os'], {id(os)}), type=<class 'module'>  # use"
+    written = fact("G['os']", "ID_MATCH", [code], value=lambda: os, identity=identity)
+    assert written.claim == "___check_obj_id(G['os'], <module:os>), type=<class 'module'>"
+    type_code = f"___check_type_id(L['self'], {id(_Child)})"
+    written = fact("L['self']", "TYPE_MATCH", [type_code], value=_Child, identity=identity)
+    assert identity(_Child) in written.claim
+    with pytest.raises(Unprovable, match="not the id"):  # the code names another object
+        fact("G['os']", "ID_MATCH", [f"___check_obj_id(G['os'], {id(sys)})"], value=lambda: os, identity=identity)
+    with pytest.raises(Unprovable, match="no identity"):
+        thing = types.SimpleNamespace()
+        fact("G['x']", "ID_MATCH", [f"___check_obj_id(G['x'], {id(thing)})"], value=lambda: thing,
+             identity=identity)
+
+
+def test_refused_and_ambient_kinds():
+    with pytest.raises(Unprovable, match="version counter"):
+        fact("G['d']", "DICT_VERSION", ["___dict_version(G['d']) == 12"])
+    with pytest.raises(Unprovable, match="state"):
+        fact("L", "DEFAULT_DEVICE", ["utils_device.CURRENT_DEVICE == None"])
+    written = fact("L", "DEFAULT_DEVICE", ["utils_device.CURRENT_DEVICE == None  # x"],
+                   ambient="utils_device.CURRENT_DEVICE == device(type='meta')")
+    assert written.claim.endswith("device(type='meta')")
+
+
+def test_a_warm_tree_may_prove_more_never_less():
+    cold = [Fact("L['x']", "TENSOR_MATCH", "a"), Fact("G['K']", "EQUALS_MATCH", "G['K'] == 2")]
+    assert unproven(cold, [*cold, Fact("L['y']", "NONE_MATCH", "L['y'] is None")]) == []
+    warm = [cold[0], Fact("G['K']", "EQUALS_MATCH", "G['K'] == 3")]
+    assert unproven(cold, warm) == [cold[1]]
+    assert "G['K'] == 2" in explain_unproven([cold[1]], warm) and "G['K'] == 3" in explain_unproven([cold[1]], warm)
+
+
+# --- unguarded facts ---------------------------------------------------------------------
+
+class _Module:
+    """What facts.module_hooks reads of an nn.Module, and nothing more."""
+
+    def __init__(self) -> None:
+        self._forward_pre_hooks: dict = {}
+        self._forward_pre_hooks_with_kwargs: dict = {}
+        self._forward_hooks: dict = {}
+        self._forward_hooks_with_kwargs: dict = {}
+        self._forward_hooks_always_called: dict = {}
+        self._backward_pre_hooks: dict = {}
+        self._backward_hooks: dict = {}
+        self._is_full_backward_hook = None
+
+
+def test_module_hooks_are_a_fact_by_identity_in_order_not_by_handle_id():
+    plain, hooked, other = _Module(), _Module(), _Module()
+    hooked._forward_hooks[7] = _double
+    other._forward_hooks[123] = _double  # another handle id: the same hooks
+    assert facts.module_hooks(plain, "L['m']", identity) != facts.module_hooks(hooked, "L['m']", identity)
+    assert facts.module_hooks(hooked, "L['m']", identity) == facts.module_hooks(other, "L['m']", identity)
+    other._forward_hooks_with_kwargs[123] = True
+    assert facts.module_hooks(hooked, "L['m']", identity) != facts.module_hooks(other, "L['m']", identity)
+    hooked._forward_pre_hooks[8] = _make(types.SimpleNamespace())
+    with pytest.raises(Unprovable, match="no identity"):  # closes over an object with none
+        facts.module_hooks(hooked, "L['m']", identity)
+
+
+def test_a_global_that_shadows_a_builtin_is_a_changed_fact():
+    code = compile("def f(t):\n    return len(t) + abs(t[0])\n", "<x>", "exec").co_consts[0]
+    names = facts.builtins_read(code, {})
+    assert names == {"len", "abs"}
+    assert facts.unshadowed_builtins("m", {}, names) != facts.unshadowed_builtins("m", {"len": _double}, names)
+
+
+def test_a_constant_result_is_a_fact_only_for_values_that_compare_across_processes():
+    written = facts.constant_result(_double, (2,), {}, 4, identity)
+    assert written.claim.endswith("(2) == 4")
+    with pytest.raises(Unprovable):
+        facts.constant_result(_double, (types.SimpleNamespace(),), {}, 4, identity)
+
+
+# --- the proof ----------------------------------------------------------------------------
+
+def test_a_proof_round_trips_as_plain_tuples_and_is_checked():
+    cold = Proof((Fact("G['K']", "EQUALS_MATCH", "G['K'] == 2"),),
+                 (Recheck(Fact("m", facts.UNSHADOWED_BUILTINS, "builtins read: len"), ("len",)),))
+    state = cold.to_state()
+    assert Proof.from_state(state) == cold
+    assert Proof.from_state(("something else",)) is None and Proof.from_state(None) is None
+    same = lambda item: item.fact  # noqa: E731
+    assert check(cold, cold.facts, same) is None
+    assert "G['K'] == 2" in check(cold, [Fact("G['K']", "EQUALS_MATCH", "G['K'] == 3")], same)
+    changed = lambda item: dataclasses.replace(item.fact, claim="builtins read: len; shadowed by globals: len")  # noqa: E731
+    assert "shadowed" in check(cold, cold.facts, changed)
+
+    def cannot(item):
+        raise Unprovable("module m is not imported")
+
+    assert "cannot be checked" in check(cold, cold.facts, cannot)

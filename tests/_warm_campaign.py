@@ -113,7 +113,7 @@ def sources(case: Case, warm: bool) -> dict[str, str]:
         program = (f"class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
                    f"        self.lin = torch.nn.Linear(8, 8)\n\n    def forward(self, x):\n"
                    + textwrap.indent(body.replace("y = x", "y = self.lin(x)", 1), "    ")
-                   + "\n\n\ndef build():\n    torch.manual_seed(0)\n    net = Net()\n"
+                   + "\n\n\ndef build():\n    torch.manual_seed(0)\n    net = Net().requires_grad_(TRAIN)\n"
                    + "".join(f"    {line}\n" for line in p.build) + "    return net\n")
     else:
         program = f"def fn(x):\n{body}\n\n\ndef build():\n" + "".join(f"    {line}\n" for line in p.build) \

@@ -36,12 +36,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import inspect
 import os
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from stableguards.hooks import warm_proof
 from stableguards.hooks.core import Hook, TorchError, cache_subdir, registered_name
 from stableguards.hooks.state import STATE
 from stableguards.warm_start import EntryKey, code_at, code_path, entry_key
@@ -255,7 +258,6 @@ class LoadedProof:
 def _refusal(guard_manager: Any, f_locals: dict) -> str | None:
     """Why a loaded entry whose guards passed on this call may not serve it: its tree, written
     on this call, does not prove what the cold one did (``hooks.warm_proof.verify``)."""
-    from stableguards.hooks import warm_proof
 
     loaded = getattr(guard_manager, "stableguards", None)
     if loaded is None:
@@ -409,7 +411,7 @@ def _convert_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) 
         return call(self, frame, *args, **kwargs)
     frame_name = _frame_name(frame.f_code)
     tokens = [(_WARM.frame, _WARM.frame.set(frame_name)), (_WARM.bundling, _WARM.bundling.set(True)),
-              (_WARM.constants, _WARM.constants.set([]))]
+              (_WARM.traced, _WARM.traced.set(warm_proof.Traced()))]
     try:
         result = call(self, frame, *args, **kwargs)
     except Exception as error:
@@ -640,8 +642,6 @@ def _serialize_guards(call: Any, self: Any, builder: Any, sorted_guards: list, o
 
     from torch._dynamo.exc import PackageError
 
-    from stableguards.hooks import warm_proof
-
     saved = []
     for guard in sorted_guards:
         replacement = _replacement(guard)
@@ -651,7 +651,7 @@ def _serialize_guards(call: Any, self: Any, builder: Any, sorted_guards: list, o
         saved.append(guard)
     try:
         proof = warm_proof.live_proof(self.guard_manager, builder, sorted_guards, output_graph,
-                                      _WARM.constants.get() or ())
+                                      _WARM.traced.get() or warm_proof.Traced())
     except Unprovable as why:
         raise TorchError(PackageError(f"stableguards cannot prove it in another process: {why}")) from None
     token = _WARM.proof.set(proof)
@@ -733,17 +733,31 @@ def _cold_ambient_state(device: Any) -> Iterator[None]:
 def _record_constant(call: Any, tx: Any, fn: Any, name: str, args: Any, kwargs: Any) -> Any:
     """An ``assume_constant_result`` function called while tracing for a saved entry: its
     result is a fact of the entry (``warm_start.facts.CONSTANT_RESULT``)."""
-    calls = _WARM.constants.get()
-    if calls is None:
+    traced = _WARM.traced.get()
+    if traced is None:
         return call(tx, fn, name, args, kwargs)
-    from stableguards.hooks.warm_proof import ConstantCall
 
     def recorded(*a: Any, **k: Any) -> Any:
         result = fn(*a, **k)
-        calls.append(ConstantCall(fn, a, k, result))
+        traced.constants.append(warm_proof.ConstantCall(fn, a, k, result))
         return result
 
     return call(tx, recorded, name, args, kwargs)
+
+
+def _record_inlined(call: Any, self: Any, *args: Any, **kwargs: Any) -> None:
+    """A function inlined while tracing for a saved entry, with the globals it reads (the
+    builtins it reads must not be shadowed there in a restarted process)."""
+    traced = _WARM.traced.get()
+    if traced is not None:
+        bound = _signature(call.fn).bind(self, *args, **kwargs).arguments
+        traced.inlined.append((bound["code"], bound["funcvar"].get_globals()))
+    return call(self, *args, **kwargs)
+
+
+@functools.cache
+def _signature(fn: Any) -> inspect.Signature:
+    return inspect.signature(fn)
 
 
 def _reduce_code(call: Any, self: Any, obj: Any) -> Any:
@@ -860,4 +874,6 @@ HOOKS = [
     # by-name copy runs only for a specialized module, whose NN_MODULE guard is never saved.
     Hook("torch._dynamo.variables.functions", "invoke_and_store_as_constant", "precompile", _record_constant,
          params=("tx", "fn", "name", "args", "kwargs")),
+    Hook("torch._dynamo.symbolic_convert", "InliningInstructionTranslator.__init__", "precompile", _record_inlined,
+         params=("parent", "code", "funcvar")),
 ]

@@ -79,10 +79,9 @@ class WarmStartTables:
         # Whether saved guards are being loaded back to be checked (hooks.precompile._round_trip).
         self.checking: contextvars.ContextVar[bool] = contextvars.ContextVar("stableguards_warm_checking",
                                                                              default=False)
-        # assume_constant_result calls made while tracing the frame being compiled for a saved
-        # entry (hooks.warm_proof.ConstantCall); None outside such a compile.
-        self.constants: contextvars.ContextVar[list | None] = contextvars.ContextVar(
-            "stableguards_warm_constants", default=None)
+        # What tracing the frame being compiled for a saved entry read beyond its guards
+        # (hooks.warm_proof.Traced); None outside such a compile.
+        self.traced: contextvars.ContextVar[Any] = contextvars.ContextVar("stableguards_warm_traced", default=None)
 
     def drop_loaded(self, package: Any = None) -> None:
         """Forget the loaded entries of ``package`` (of every package if None)."""

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import inspect
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from stableguards.hooks.guard_tree import Leaf, leaves
@@ -37,7 +36,7 @@ from stableguards.warm_start.facts import (
     unshadowed_builtins,
 )
 from stableguards.warm_start.guard_rules import Check, Fact, Unprovable, code_of, fact, rule_for
-from stableguards.warm_start.identity import Identities
+from stableguards.warm_start.identity import Identities, module_of_globals
 from stableguards.warm_start.proof import Proof, Recheck, check
 
 _NN_MODULE = "torch.nn.modules.module"
@@ -53,8 +52,16 @@ class ConstantCall:
     result: Any
 
 
-def live_proof(guard_manager: Any, builder: Any, sorted_guards: list, output_graph: Any,
-               constants: Iterable[ConstantCall]) -> Proof:
+@dataclass
+class Traced:
+    """What tracing a frame for a saved entry read that its guards do not say: the functions
+    it inlined with their globals, and ``assume_constant_result`` calls."""
+
+    inlined: list[tuple[Any, dict]] = field(default_factory=list)
+    constants: list[ConstantCall] = field(default_factory=list)
+
+
+def live_proof(guard_manager: Any, builder: Any, sorted_guards: list, output_graph: Any, traced: Traced) -> Proof:
     """What the compile's live guard tree and its unguarded state prove (raises Unprovable)."""
     identities = Identities()
     value = _Scope(output_graph.local_scope, output_graph.global_scope).values(
@@ -65,9 +72,9 @@ def live_proof(guard_manager: Any, builder: Any, sorted_guards: list, output_gra
     rechecks = [Recheck(global_module_hooks(sys.modules[_NN_MODULE], identities))]
     rechecks += [Recheck(module_hooks(value(source), source, identities))
                  for source in _module_sources(tree)]
-    for module, names in _builtins_read(builder.f_code, output_graph):
+    for module, names in _builtins_read([(builder.f_code, output_graph.global_scope), *traced.inlined]):
         rechecks.append(Recheck(unshadowed_builtins(module, vars(sys.modules[module]), names), tuple(sorted(names))))
-    for call in constants:
+    for call in traced.constants:
         payload = (call.fn.__module__, call.fn.__qualname__, call.args, tuple(sorted(call.kwargs.items())))
         rechecks.append(Recheck(constant_result(call.fn, call.args, call.kwargs, call.result, identities), payload))
     return Proof(facts, tuple(dict.fromkeys(rechecks)))
@@ -191,25 +198,18 @@ def _module_sources(tree: list[Leaf]) -> list[str]:
                               and issubclass(leaf.guarded_type, torch.nn.Module)))
 
 
-def _builtins_read(root: Any, output_graph: Any) -> list[tuple[str, set[str]]]:
-    """(module, builtins read) for the compiled frame and every function it inlined."""
+def _builtins_read(functions: list[tuple[Any, dict]]) -> list[tuple[str, set[str]]]:
+    """(module, builtins read) for the compiled frame and every function it inlined, each
+    (code, globals) read against its own module's globals."""
     by_module: dict[str, set[str]] = {}
-    codes = list(dict.fromkeys([root, *output_graph.tracing_context.traced_code]))
-    modules = {id(root): sys.modules.get(output_graph.global_scope.get("__name__", ""))}
-    for code in codes:
-        modules.setdefault(id(code), inspect.getmodule(code))
-    for code in codes:  # a nested function (a comprehension, a local def) reads its outer one's globals
-        for const in _nested(code):
-            if modules.get(id(const)) is None:
-                modules[id(const)] = modules[id(code)]
-    for code in codes:
-        module = modules[id(code)]
-        if module is None or sys.modules.get(module.__name__) is not module:
-            raise Unprovable(f"the module of {code.co_qualname} ({code.co_filename}) is not found by name: the "
+    for code, scope in functions:
+        module = module_of_globals(scope)
+        if module is None:
+            raise Unprovable(f"{code.co_qualname} ({code.co_filename}) reads globals that are no module's: the "
                              f"builtins it reads cannot be checked in another process")
-        names = builtins_read(code, vars(module))
+        names = builtins_read(code, scope)
         if names:
-            by_module.setdefault(module.__name__, set()).update(names)
+            by_module.setdefault(module, set()).update(names)
     return sorted(by_module.items())
 
 

@@ -164,7 +164,7 @@ class Identities:
         return None
 
     def _function(self, fn: types.FunctionType) -> str | None:
-        home = _module_of_globals(fn.__globals__)
+        home = module_of_globals(fn.__globals__)
         if home is None:
             return None  # globals that are not a module's: nothing names them in another process
         cells = []
@@ -211,7 +211,7 @@ class Identities:
 _METHOD_LIKE = (types.FunctionType, staticmethod, classmethod, property, functools.partialmethod)
 
 
-def _module_of_globals(scope: dict) -> str | None:
+def module_of_globals(scope: dict) -> str | None:
     """The name of the module whose globals ``scope`` is.  Its ``__name__`` can be another
     (``_collections_abc`` calls itself ``collections.abc``); its spec names it."""
     spec = scope.get("__spec__")

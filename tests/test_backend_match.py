@@ -284,3 +284,14 @@ def test_swap_tensors_after_a_compile_works_as_with_the_flag_off(flag_on):
     torch.compile(model, backend="eager")(torch.ones(2))
     torch.utils.swap_tensors(model.weight, torch.nn.Parameter(torch.zeros(2, 2)))
     assert torch.equal(model.weight, torch.zeros(2, 2))
+
+
+def test_ahead_of_time_compile_calls_the_backend_behind_the_key(flag_on):
+    """torch's aot_compile calls the end of the backend chain, the key: it compiles with the
+    backend keyed to it, as without the flag (upstream's test_package failed here)."""
+    def f(x):
+        return x.sin() + 1
+
+    x = torch.randn(4)
+    compiled = torch.compile(f, fullgraph=True, backend="eager").aot_compile(((x,), {}))
+    torch.testing.assert_close(compiled(x), f(x))

@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 CHILD = Path(__file__).resolve().parent / "_edge_child.py"
 
 
@@ -41,3 +43,30 @@ def test_edge_graphs_compile_with_the_flag_as_without_it_cold_and_warm(tmp_path)
             assert result["error"] is None, where
             assert result["matches"], where
             assert result["eager"] == off[name]["eager"], where
+
+
+def test_a_compile_that_fails_with_stableguards_in_the_way_is_compiled_again_without(tmp_path, monkeypatch,
+                                                                                      caplog):
+    """Bundling a graph that inductor hands back uncompiled fails torch's compile (2.15:
+    "expected OutputCode"); warm start leaves such a graph out.  With that check defeated,
+    the compile fails with our machinery in the way, and is compiled again without it:
+    the call succeeds, equals eager, and one warning names the compile."""
+    import logging
+
+    import torch
+    import torch._dynamo
+
+    from stableguards.hooks import STATE, precompile
+
+    if "precompile" not in STATE.installed:
+        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(precompile, "_is_output_code", lambda fn: True)
+    x = torch.randn(8, requires_grad=True)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(stable_guards=True), caplog.at_level(logging.WARNING, "stableguards"):
+        torch.testing.assert_close(torch.compile(lambda t: t.detach())(x), x.detach())
+    torch._dynamo.reset()
+    warnings = [r.getMessage() for r in caplog.records if "ConvertFrameAssert.__call__" in r.getMessage()]
+    assert len(warnings) == 1 and "expected OutputCode" in warnings[0], caplog.text
+    assert STATE.manager.counters["fallbacks"] == 1

@@ -93,12 +93,17 @@ def _warm_start_available() -> bool:
 def test_a_warm_process_is_never_served_stale_code(batch_index, tmp_path_factory):
     if not _warm_start_available():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
-    batch = _draw(CASES, None if BATCHES == 1 else random.randrange(2**32))
-    described = "\n".join(f"{c.name}: {c.change_kind()} in {[f.kind for f in c.features]} under {c.ambient}"
-                          for c in batch) + f"\nbatch: {batch}"
+    seed = None if BATCHES == 1 else random.randrange(2**32)
+    batch = _draw(CASES, seed)
     on = _campaign(tmp_path_factory.mktemp("on"), batch, flag=True)
     off = _campaign(tmp_path_factory.mktemp("off"), batch, flag=False)
-    report = described + "\n" + json.dumps(on[1]["cases"], indent=1) + "\n" + on[1]["explain"]
+    # Printed, so that a failure shows all of it (pytest shows a failing test's output).
+    print(f"seed {seed}: {batch}")
+    for c in batch:
+        runs = " | ".join(f"{r['cases'][c.name]}" for r in (*on, *off))
+        print(f"{c.name}: {c.change_kind()} in {[f.kind for f in c.features]} under {c.ambient}: {runs}")
+    print(on[1]["explain"])
+    report = "see the captured output"
     for run in (*on, *off):
         wrong = [name for name, result in run["cases"].items() if not result["matches"]]
         assert not wrong, (wrong, report)

@@ -12,6 +12,9 @@ no strong reference to the backend itself.
 from __future__ import annotations
 
 import functools
+import types
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from stableguards.backend_match import BackendFingerprint, BackendKey, Fingerprinter, key_for
@@ -27,13 +30,20 @@ class _DynamoBackendKey(BackendKey):
     ``compiler_name`` is the backend's own (``"eager"``, ``"inductor"``), as on
     torch's wrappers; ``registered`` is what torch says of the backend itself
     (Dynamo clears compile-time weakrefs after compiling for registered ones).
+    Dynamo calls ``_KeyedBackend``; torch's ahead-of-time compile
+    (``aot_compile``) calls the end of the chain, this key: it calls the last
+    backend keyed to it that is alive, which compiles as any of them would (they
+    are equivalent: that is what the key says).  The reference is weak, as the
+    key must not keep a backend alive.
     """
 
-    __slots__ = ("compiler_name", "registered")
+    __slots__ = ("compiler_name", "registered", "backend")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # Never called: Dynamo calls _KeyedBackend.  It only needs to be callable.
-        raise RuntimeError("a stableguards backend key is not a compiler")
+        backend = self.backend() if hasattr(self, "backend") else None
+        if backend is None:
+            raise RuntimeError(f"every backend of configuration {self.fingerprint} is gone")
+        return backend(*args, **kwargs)
 
     def reset(self) -> None:
         """torch._dynamo.reset() resets cached backends; the backends themselves reset elsewhere."""
@@ -97,7 +107,17 @@ def _keyed(backend: Any) -> _KeyedBackend:
                              or registered_name(backend) or fp.description)
         key.registered = registry._is_registered_backend(backend)
     key.watch(_user_backend(backend), _release_entries)
+    key.backend = _reference(backend)
     return _KeyedBackend(backend, key)  # type: ignore[arg-type]
+
+
+def _reference(obj: Any) -> Callable[[], Any]:
+    """A weak reference where one can be taken (a registered function or a string lives as
+    long as the process anyway)."""
+    try:
+        return weakref.WeakMethod(obj) if isinstance(obj, types.MethodType) else weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
 
 
 def backend_fingerprint(backend: Any) -> BackendFingerprint:

@@ -146,7 +146,7 @@ def _retrying(hooks: list[Hook], compile_: Callable[..., Any]) -> Callable[..., 
         try:
             return compile_(*args, **kwargs)
         except Exception as error:
-            if not _worth_retrying(error):
+            if not worth_retrying(error):
                 raise
             import torch._dynamo.config as dynamo_config
 
@@ -159,7 +159,7 @@ def _retrying(hooks: list[Hook], compile_: Callable[..., Any]) -> Callable[..., 
     return compile_or_retry
 
 
-def _worth_retrying(error: Exception) -> bool:
+def worth_retrying(error: Exception) -> bool:
     """A failure, not Dynamo's control flow (a graph break, a skipped frame, a restart) or
     an error stableguards raises on purpose."""
     exc = sys.modules["torch._dynamo.exc"]

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from stableguards.hooks import warm_proof
-from stableguards.hooks.core import Hook, TorchError, cache_subdir, registered_name
+from stableguards.hooks.core import Hook, TorchError, cache_subdir, registered_name, worth_retrying
 from stableguards.hooks.state import STATE
 from stableguards.warm_start import EntryKey, code_at, code_path, entry_key
 from stableguards.warm_start.index import changed_components, write_index
@@ -258,7 +258,6 @@ class LoadedProof:
 def _refusal(guard_manager: Any, f_locals: dict) -> str | None:
     """Why a loaded entry whose guards passed on this call may not serve it: its tree, written
     on this call, does not prove what the cold one did (``hooks.warm_proof.verify``)."""
-
     loaded = getattr(guard_manager, "stableguards", None)
     if loaded is None:
         return "it was loaded without its proof"
@@ -400,7 +399,7 @@ def _convert_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) 
 
     A compile that fails with our package in the way goes on without it: the
     package is dropped from this function and the error goes to the hook
-    wrapper, which compiles the frame again as torch would (``core._wrap``)."""
+    wrapper, which compiles the frame again as torch would (``core._retrying``)."""
     package = getattr(self, "_package", None)
     ours = _WARM.ours.get(package) if package is not None else None
     if ours is None or ours.key is None or not package.is_initialized():
@@ -415,9 +414,7 @@ def _convert_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) 
     try:
         result = call(self, frame, *args, **kwargs)
     except Exception as error:
-        from torch._dynamo.exc import TorchDynamoException
-
-        if isinstance(error, TorchDynamoException) and not _compile_failed(error):
+        if not worth_retrying(error):
             raise  # Dynamo's control flow (a graph break, a skipped frame): not a failure
         self._package = None
         STATE.manager.note_warm_start_left_out(frame_name, f"compiling it for a saved entry failed "
@@ -429,12 +426,6 @@ def _convert_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) 
     _WARM.backend_ids.update(bid for code in package.cache_entry().codes for bid in code.backend_ids)
     _save(package, ours, frame_name)
     return result
-
-
-def _compile_failed(error: Exception) -> bool:
-    from torch._dynamo.exc import BackendCompilerFailed, InternalTorchDynamoError, PackageError
-
-    return isinstance(error, (BackendCompilerFailed, InternalTorchDynamoError, PackageError))
 
 
 def _save(package: Any, ours: Ours, frame: str) -> None:

@@ -63,9 +63,11 @@ AMBIENTS = {
     "saved_tensor_hooks": "saved_tensor_hooks_changed", "inlined_saved_tensor_hooks": "inlined_saved_tensor_hooks_changed",
     "dynamo_setting": "dynamo_setting_changed", "inductor_setting": "inductor_setting_changed",
 }
-# Changes that need not show in the eager outputs (a setting that only changes how it compiles).
+# Changes that need not show in the eager outputs: a setting that only changes how it compiles,
+# modes that change no value, saved-tensor hooks that are other code with the same results.
 UNOBSERVABLE = {"ambient:dynamo_setting", "ambient:inductor_setting", "ambient:no_grad", "ambient:none",
-                "ambient:inference_mode", "ambient:float64", "ambient:autocast"}
+                "ambient:inference_mode", "ambient:float64", "ambient:autocast", "ambient:saved_tensor_hooks",
+                "ambient:inlined_saved_tensor_hooks"}
 
 
 @st.composite
@@ -108,7 +110,9 @@ def sources(case: Case, warm: bool) -> dict[str, str]:
     ambient = case.ambient
     if warm and case.changed == len(case.features):
         ambient = AMBIENTS[ambient]
-    body = "\n".join(f"    {line}" for line in ["y = x", *p.steps, "return y"])
+    # A backward that reads a saved tensor, so that saved-tensor hooks show in the gradients.
+    last = ["y = y * y"] if case.train else []
+    body = "\n".join(f"    {line}" for line in ["y = x", *p.steps, *last, "return y"])
     if case.module:
         program = (f"class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
                    f"        self.lin = torch.nn.Linear(8, 8)\n\n    def forward(self, x):\n"
@@ -191,10 +195,10 @@ def _feature(p: _Program, case: Case, i: int, f: Feature, changed: bool) -> None
         if changed:
             p.main.append(f"DICT{i}['on'] = False" if f.variant == 0 else f"DICT{i}['k'] = {b}")
         p.steps.append(f"y = y * DICT{i}['k'] if DICT{i}['on'] else y + 1")
-    elif kind == "env_branch":
+    elif kind == "env_branch":  # the variable absent, or set to another value (variant 2), and then set
         var = f"SG_CAMPAIGN_{case.name.upper()}_{i}"
-        if changed:
-            p.main.append(f"os.environ[{var!r}] = '1'")
+        if changed or f.variant == 2:
+            p.main.append(f"os.environ[{var!r}] = {'1' if changed else '2'!r}")
             p.teardown.append(f"os.environ.pop({var!r}, None)")
         read = f"os.environ.get({var!r})" if f.variant == 0 else f"os.getenv({var!r}, '0')"
         p.steps.append(f"y = y + 1 if {read} == '1' else y * {a}")

@@ -59,6 +59,10 @@ def inductor_call() -> None:
 _WARM_RUNS = itertools.count(2)
 
 
+def _inlined(t):
+    return t + 0.5
+
+
 def warm_start_calls() -> None:
     """Compile for inductor (entries saved; one compile left out: a local class cannot be
     checked by name), then forget this process saved them and compile again, as a restarted
@@ -73,7 +77,7 @@ def warm_start_calls() -> None:
     scale = float(next(_WARM_RUNS))
 
     def saved(t):
-        return t.cos() * scale
+        return _inlined(t.cos()) * scale
 
     def left_out(t):
         return t + 1 if isinstance(local, Local) else t - 1
@@ -82,7 +86,7 @@ def warm_start_calls() -> None:
     for run in range(2):
         compiled = torch.compile(saved)
         with torch.compiler.set_stance("eager_on_recompile" if run else "default"):
-            torch.testing.assert_close(compiled(x), x.cos() * scale)
+            torch.testing.assert_close(compiled(x), (x.cos() + 0.5) * scale)
         torch.testing.assert_close(torch.compile(left_out)(x), x + 1)
         torch._dynamo.reset()
         STATE.warm.forget_process()

@@ -104,9 +104,9 @@ def test_a_warm_process_is_never_served_stale_code(batch_index, tmp_path_factory
         print(f"{c.name}: {c.change_kind()} in {[f.kind for f in c.features]} under {c.ambient}: {runs}")
     print(on[1]["explain"])
     report = "see the captured output"
-    for run in (*on, *off):
+    for label, run in zip(("on, cold", "on, warm", "off, cold", "off, warm"), (*on, *off)):
         wrong = [name for name, result in run["cases"].items() if not result["matches"]]
-        assert not wrong, (wrong, report)
+        assert not wrong, (label, wrong, report)
     for case in batch:
         cold, warm = on[0]["cases"][case.name], on[1]["cases"][case.name]
         assert warm["eager"] == off[1]["cases"][case.name]["eager"], (case, report)

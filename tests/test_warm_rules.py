@@ -225,6 +225,11 @@ def test_a_constant_result_is_a_fact_only_for_values_that_compare_across_process
         facts.constant_result(_double, (types.SimpleNamespace(),), {}, 4, identity)
 
 
+def test_an_environment_variable_is_a_fact_present_or_absent():
+    assert facts.environment("X", {}).claim == "absent"
+    assert facts.environment("X", {"X": "1"}) != facts.environment("X", {"X": "2"}) != facts.environment("X", {})
+
+
 # --- the proof ----------------------------------------------------------------------------
 
 def test_a_proof_round_trips_as_plain_tuples_and_is_checked():

@@ -742,7 +742,7 @@ def _record_inlined(call: Any, self: Any, *args: Any, **kwargs: Any) -> None:
     traced = _WARM.traced.get()
     if traced is not None:
         bound = _signature(call.fn).bind(self, *args, **kwargs).arguments
-        traced.inlined.append((bound["code"], bound["funcvar"].get_globals()))
+        traced.inline(bound["code"], bound["funcvar"].get_globals(), bound["symbolic_locals"])
     return call(self, *args, **kwargs)
 
 
@@ -804,9 +804,10 @@ MODULE_BY_NAME = _same_check_as("MODULE_MATCH")
 CLASS_BY_NAME = _same_check_as("CLASS_MATCH")
 CLOSURE_BY_NAME = _same_check_as("CLOSURE_MATCH")
 ID_BY_NAME = _same_check_as("ID_MATCH")
+FUNCTION_BY_NAME = _same_check_as("FUNCTION_MATCH")
 _REPLACEMENTS = {"MODULE_MATCH": MODULE_BY_NAME, "CLASS_MATCH": CLASS_BY_NAME, "CLOSURE_MATCH": CLOSURE_BY_NAME,
-                 "ID_MATCH": ID_BY_NAME}
-_ID_CHECKS = {"MODULE_MATCH": ("ID_MATCH",), "CLASS_MATCH": ("ID_MATCH",)}
+                 "FUNCTION_MATCH": FUNCTION_BY_NAME, "ID_MATCH": ID_BY_NAME}
+_ID_CHECKS = {"MODULE_MATCH": ("ID_MATCH",), "CLASS_MATCH": ("ID_MATCH",), "FUNCTION_MATCH": ("ID_MATCH",)}
 
 
 def _explain_miss(code: Any, key: EntryKey) -> None:
@@ -866,5 +867,5 @@ HOOKS = [
     Hook("torch._dynamo.variables.functions", "invoke_and_store_as_constant", "precompile", _record_constant,
          params=("tx", "fn", "name", "args", "kwargs")),
     Hook("torch._dynamo.symbolic_convert", "InliningInstructionTranslator.__init__", "precompile", _record_inlined,
-         params=("parent", "code", "funcvar")),
+         params=("parent", "code", "symbolic_locals", "funcvar")),
 ]

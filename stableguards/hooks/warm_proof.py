@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -26,11 +27,13 @@ from typing import Any
 from stableguards.hooks.guard_tree import Leaf, leaves
 from stableguards.warm_start.facts import (
     CONSTANT_RESULT,
+    ENVIRONMENT,
     GLOBAL_MODULE_HOOKS,
     MODULE_HOOKS,
     UNSHADOWED_BUILTINS,
     builtins_read,
     constant_result,
+    environment,
     global_module_hooks,
     module_hooks,
     unshadowed_builtins,
@@ -55,10 +58,30 @@ class ConstantCall:
 @dataclass
 class Traced:
     """What tracing a frame for a saved entry read that its guards do not say: the functions
-    it inlined with their globals, and ``assume_constant_result`` calls."""
+    it inlined with their globals, ``assume_constant_result`` calls, the environment
+    variables it read (None: the whole environment, which cannot be checked)."""
 
     inlined: list[tuple[Any, dict]] = field(default_factory=list)
     constants: list[ConstantCall] = field(default_factory=list)
+    environ: set[str] | None = field(default_factory=set)
+
+    def inline(self, code: Any, scope: dict, arguments: dict[str, Any]) -> None:
+        """A function inlined, with its globals and its arguments (VariableTrackers)."""
+        import os
+
+        self.inlined.append((code, scope))
+        environ = type(os.environ)
+        if code is environ.__getitem__.__code__:  # os.getenv, environ.get and `in` all come here
+            key = arguments.get("key")
+            try:
+                name = key.as_python_constant()
+            except Exception:  # noqa: BLE001 - a key Dynamo does not know as a constant
+                self.environ = None
+                return
+            if self.environ is not None and isinstance(name, str):
+                self.environ.add(name)
+        elif any(code is getattr(environ, m).__code__ for m in ("__iter__", "__len__", "copy")):
+            self.environ = None  # the whole environment
 
 
 def live_proof(guard_manager: Any, builder: Any, sorted_guards: list, output_graph: Any, traced: Traced) -> Proof:
@@ -74,6 +97,9 @@ def live_proof(guard_manager: Any, builder: Any, sorted_guards: list, output_gra
                  for source in _module_sources(tree)]
     for module, names in _builtins_read([(builder.f_code, output_graph.global_scope), *traced.inlined]):
         rechecks.append(Recheck(unshadowed_builtins(module, vars(sys.modules[module]), names), tuple(sorted(names))))
+    if traced.environ is None:
+        raise Unprovable("the traced code read the whole environment (os.environ), which cannot be checked")
+    rechecks += [Recheck(environment(key, os.environ)) for key in sorted(traced.environ)]
     for call in traced.constants:
         payload = (call.fn.__module__, call.fn.__qualname__, call.args, tuple(sorted(call.kwargs.items())))
         rechecks.append(Recheck(constant_result(call.fn, call.args, call.kwargs, call.result, identities), payload))
@@ -233,6 +259,8 @@ def _recheck(item: Recheck, value: Callable[[str], Any], identities: Identities)
         if module is None:
             raise Unprovable(f"module {source} is not imported")
         return unshadowed_builtins(source, vars(module), item.payload)
+    if kind == ENVIRONMENT:
+        return environment(source[len("os.environ['"):-len("']")], os.environ)
     if kind == CONSTANT_RESULT:
         module_name, qualname, args, kwargs = item.payload
         kwargs = dict(kwargs)

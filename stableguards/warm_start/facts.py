@@ -19,7 +19,10 @@ Kinds (a fact's ``kind``):
 * ``UNSHADOWED_BUILTINS``: the builtins a traced function reads that its
   module's globals do not define;
 * ``CONSTANT_RESULT``: an ``assume_constant_result`` function's result for
-  the arguments the compile called it with.
+  the arguments the compile called it with;
+* ``ENVIRONMENT``: an environment variable the traced code read (through
+  ``os.environ`` or ``os.getenv``), its value or its absence: Dynamo guards a
+  value it read, but not that a variable it found missing is still missing.
 
 Plain Python: hooks are read by attribute name, objects described by
 ``warm_start.identity``.
@@ -40,7 +43,8 @@ MODULE_HOOKS = "MODULE_HOOKS"
 GLOBAL_MODULE_HOOKS = "GLOBAL_MODULE_HOOKS"
 UNSHADOWED_BUILTINS = "UNSHADOWED_BUILTINS"
 CONSTANT_RESULT = "CONSTANT_RESULT"
-KINDS = (MODULE_HOOKS, GLOBAL_MODULE_HOOKS, UNSHADOWED_BUILTINS, CONSTANT_RESULT)
+ENVIRONMENT = "ENVIRONMENT"
+KINDS = (MODULE_HOOKS, GLOBAL_MODULE_HOOKS, UNSHADOWED_BUILTINS, CONSTANT_RESULT, ENVIRONMENT)
 
 # (hooks dict, the dicts of per-hook flags keyed like it): an nn.Module's, then the globals'.
 _MODULE_HOOKS = (("_forward_pre_hooks", ("_forward_pre_hooks_with_kwargs",)),
@@ -128,3 +132,9 @@ def _simple(value: Any) -> bool:
     if isinstance(value, dict):
         return all(_simple(k) and _simple(v) for k, v in value.items())
     return type(value) in _SIMPLE_TYPES
+
+
+def environment(key: str, environ: Mapping[str, str]) -> Fact:
+    """An environment variable's value, or its absence."""
+    value = environ.get(key)
+    return Fact(f"os.environ[{key!r}]", ENVIRONMENT, "absent" if value is None else f"== {value!r}")

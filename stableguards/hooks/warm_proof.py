@@ -67,8 +67,6 @@ class Traced:
 
     def inline(self, code: Any, scope: dict, arguments: dict[str, Any]) -> None:
         """A function inlined, with its globals and its arguments (VariableTrackers)."""
-        import os
-
         self.inlined.append((code, scope))
         environ = type(os.environ)
         if code is environ.__getitem__.__code__:  # os.getenv, environ.get and `in` all come here
@@ -99,7 +97,7 @@ def live_proof(guard_manager: Any, builder: Any, sorted_guards: list, output_gra
         rechecks.append(Recheck(unshadowed_builtins(module, vars(sys.modules[module]), names), tuple(sorted(names))))
     if traced.environ is None:
         raise Unprovable("the traced code read the whole environment (os.environ), which cannot be checked")
-    rechecks += [Recheck(environment(key, os.environ)) for key in sorted(traced.environ)]
+    rechecks += [Recheck(environment(key, os.environ), key) for key in sorted(traced.environ)]
     for call in traced.constants:
         payload = (call.fn.__module__, call.fn.__qualname__, call.args, tuple(sorted(call.kwargs.items())))
         rechecks.append(Recheck(constant_result(call.fn, call.args, call.kwargs, call.result, identities), payload))
@@ -260,7 +258,7 @@ def _recheck(item: Recheck, value: Callable[[str], Any], identities: Identities)
             raise Unprovable(f"module {source} is not imported")
         return unshadowed_builtins(source, vars(module), item.payload)
     if kind == ENVIRONMENT:
-        return environment(source[len("os.environ['"):-len("']")], os.environ)
+        return environment(item.payload, os.environ)
     if kind == CONSTANT_RESULT:
         module_name, qualname, args, kwargs = item.payload
         kwargs = dict(kwargs)

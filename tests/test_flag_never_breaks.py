@@ -67,6 +67,26 @@ def test_a_compile_that_fails_with_stableguards_in_the_way_is_compiled_again_wit
     with torch._dynamo.config.patch(stable_guards=True), caplog.at_level(logging.WARNING, "stableguards"):
         torch.testing.assert_close(torch.compile(lambda t: t.detach())(x), x.detach())
     torch._dynamo.reset()
-    warnings = [r.getMessage() for r in caplog.records if "ConvertFrameAssert.__call__" in r.getMessage()]
+    warnings = [r.getMessage() for r in caplog.records if "warm start compile" in r.getMessage()]
     assert len(warnings) == 1 and "expected OutputCode" in warnings[0], caplog.text
     assert STATE.manager.counters["fallbacks"] == 1
+
+
+def test_a_failing_backend_is_called_once_as_without_the_flag():
+    """Only a compile for warm start is retried, and only inductor compiles are: a user's
+    backend that raises is called once and its error reaches the user, as without the flag."""
+    import torch
+    import torch._dynamo
+
+    calls = []
+
+    def backend(gm, example_inputs):
+        calls.append(1)
+        raise ValueError("the backend's own failure")
+
+    for flag in (False, True):
+        torch._dynamo.reset()
+        with torch._dynamo.config.patch(stable_guards=flag), pytest.raises(Exception, match="own failure"):
+            torch.compile(lambda t: t.sin(), backend=backend)(torch.randn(4))
+    torch._dynamo.reset()
+    assert calls == [1, 1]

@@ -251,7 +251,7 @@ def _is_registered_backend(call: Any, compiler_fn: Any) -> bool:
 HOOKS = [
     Hook("torch._dynamo.eval_frame", "get_compiler_fn", "backend", _get_compiler_fn,
          params=("compiler_fn",)),
-    Hook(_CONVERT_FRAME, "ConvertFrameAssert.__call__", "backend", _convert_frame, retry=True,
+    Hook(_CONVERT_FRAME, "ConvertFrameAssert.__call__", "backend", _convert_frame,
          params=("frame", "cache_entry")),
     # convert_frame imported its helpers by name: patch its copies.
     Hook(_CONVERT_FRAME, "compute_cache_size", "backend", _compute_cache_size,

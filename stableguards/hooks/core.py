@@ -19,7 +19,6 @@ knows whether torch has run or raised, followed by the original's arguments.
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import importlib
 import inspect
@@ -48,8 +47,7 @@ class Hook:
     ``params`` are the parameter names ``impl`` binds by name; install checks
     that the hook point has them.  ``lazy`` hook points live in a module that
     cannot be imported while ``torch._dynamo`` is importing (inductor): they go
-    in when that module is loaded.  ``retry`` marks a compile: if it fails with
-    stableguards in the way, it runs again without (``_wrap``).
+    in when that module is loaded.
     """
 
     module: str
@@ -58,7 +56,6 @@ class Hook:
     impl: Callable[..., Any]
     params: tuple[str, ...] = ()
     lazy: bool = False
-    retry: bool = False
 
     @property
     def name(self) -> str:
@@ -127,49 +124,6 @@ def _wrap(hook: Hook, original: Callable[..., Any]) -> Callable[..., Any]:
     return hooked
 
 
-# Whether a compile marked ``retry`` is running on this thread (only the outermost retries).
-_COMPILING: contextvars.ContextVar[bool] = contextvars.ContextVar("stableguards_compiling", default=False)
-
-
-def _retrying(hooks: list[Hook], compile_: Callable[..., Any]) -> Callable[..., Any]:
-    """``compile_`` (torch's compile and every hook on it), run again with the flag off for
-    this call if it fails in a way that a compile without stableguards might not: with
-    the flag off, every hook steps aside.  A retry that fails too raises its own error:
-    torch's, as without the flag.  Only the outermost compile on a thread retries."""
-    name = f"{hooks[0].target} ({', '.join(h.part for h in hooks)})"
-
-    @functools.wraps(compile_)
-    def compile_or_retry(*args: Any, **kwargs: Any) -> Any:
-        if _COMPILING.get() or not any(enabled(h.part) for h in hooks):
-            return compile_(*args, **kwargs)
-        token = _COMPILING.set(True)
-        try:
-            return compile_(*args, **kwargs)
-        except Exception as error:
-            if not worth_retrying(error):
-                raise
-            import torch._dynamo.config as dynamo_config
-
-            STATE.fell_back(name, error)
-            with dynamo_config.patch(**{FLAG: False}):
-                return compile_(*args, **kwargs)
-        finally:
-            _COMPILING.reset(token)
-
-    return compile_or_retry
-
-
-def worth_retrying(error: Exception) -> bool:
-    """A failure, not Dynamo's control flow (a graph break, a skipped frame, a restart) or
-    an error stableguards raises on purpose."""
-    exc = sys.modules["torch._dynamo.exc"]
-    if isinstance(error, (*_PASS_THROUGH, exc.FailOnRecompileLimitHit)):
-        return False
-    if isinstance(error, exc.TorchDynamoException):
-        return isinstance(error, (exc.BackendCompilerFailed, exc.InternalTorchDynamoError, exc.PackageError))
-    return True
-
-
 def _restarts(error: Exception) -> bool:
     """A hook may ask Dynamo to analyse the frame again (torch's RestartAnalysis, e.g. to
     specialize a float): control flow, not a failure to fall back from."""
@@ -213,8 +167,6 @@ def _compose(owner: Any, attr: str, seam: _Seam) -> None:
     fn = seam.raw.__func__ if kind is not None else seam.raw
     for hook in seam.hooks:
         fn = _wrap(hook, fn)
-    if retry := [h for h in seam.hooks if h.retry]:
-        fn = _retrying(retry, fn)
     setattr(owner, attr, kind(fn) if kind is not None else fn)
 
 

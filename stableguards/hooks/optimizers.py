@@ -402,7 +402,7 @@ def _clear_compile_context(call: Any, tracer_output: Any, compiler_fn: Any) -> N
 STATE.optimizer_lives = OptimizerLives(_optimizer_died)
 
 HOOKS = [
-    Hook(_CONVERT_FRAME, "ConvertFrameAssert.__call__", "optimizer", _convert_frame, retry=True,
+    Hook(_CONVERT_FRAME, "ConvertFrameAssert.__call__", "optimizer", _convert_frame,
          params=("frame", "cache_entry")),
     Hook(_OPTIMIZER, "OptimizerVariable.__init__", "optimizer", _note_seen, params=("value",)),
     Hook(_OPTIMIZER, "OptimizerVariable.map_sources_and_install_guards", "optimizer",

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from stableguards.hooks import warm_proof
-from stableguards.hooks.core import Hook, TorchError, cache_subdir, registered_name, worth_retrying
+from stableguards.hooks.core import Hook, TorchError, cache_subdir, registered_name
 from stableguards.hooks.state import STATE
 from stableguards.warm_start import EntryKey, code_at, code_path, entry_key
 from stableguards.warm_start.index import changed_components, write_index
@@ -219,9 +219,11 @@ def _configs() -> dict[str, dict[str, Any]]:
 
     from stableguards.hooks.core import FLAG
 
-    dynamo = {k: v for k, v in dynamo_config.get_config_copy().items() if k != FLAG}
-    return {"dynamo": dynamo, "inductor": inductor_config.get_config_copy(),
-            "functorch": functorch_config.get_config_copy()}
+    # Not get_config_copy(): it deep-copies, and a copied custom pass's repr names a new
+    # address each time (key components name custom passes by their uuid(): key.stable_repr).
+    dynamo = {k: v for k, v in dynamo_config.shallow_copy_dict().items() if k != FLAG}
+    return {"dynamo": dynamo, "inductor": inductor_config.shallow_copy_dict(),
+            "functorch": functorch_config.shallow_copy_dict()}
 
 
 def _store() -> Any:
@@ -397,9 +399,11 @@ def _set_stance(call: Any, stance: Any) -> Any:
 def _convert_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
     """Compile a frame for our package, then save its entry: every compile, not only on request.
 
-    A compile that fails with our package in the way goes on without it: the
-    package is dropped from this function and the error goes to the hook
-    wrapper, which compiles the frame again as torch would (``core._retrying``)."""
+    A compile that fails with our package in the way (bundling, guard saving)
+    is compiled again without it, once; the function goes on without a package.
+    Only inductor compiles get a package, so a user's backend is never called
+    twice; a failure torch raises on purpose (a strict cache's bypass) or
+    Dynamo's control flow is not retried."""
     package = getattr(self, "_package", None)
     ours = _WARM.ours.get(package) if package is not None else None
     if ours is None or ours.key is None or not package.is_initialized():
@@ -414,18 +418,40 @@ def _convert_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) 
     try:
         result = call(self, frame, *args, **kwargs)
     except Exception as error:
-        if not worth_retrying(error):
-            raise  # Dynamo's control flow (a graph break, a skipped frame): not a failure
-        self._package = None
-        STATE.manager.note_warm_start_left_out(frame_name, f"compiling it for a saved entry failed "
-                                                           f"({error!r:.200}); compiled as usual, and not saved")
-        raise
+        if not _retry_without_package(error):
+            raise
+        failure = error
+    else:
+        failure = None
     finally:
         for var, token in reversed(tokens):
             var.reset(token)
-    _WARM.backend_ids.update(bid for code in package.cache_entry().codes for bid in code.backend_ids)
+    if failure is not None:
+        self._package = None
+        STATE.fell_back("warm start compile", failure)
+        STATE.manager.note_warm_start_left_out(frame_name, f"compiling it for a saved entry failed "
+                                                           f"({failure!r:.200}); compiled again without")
+        return call.fn(self, frame, *args, **kwargs)
     _save(package, ours, frame_name)
     return result
+
+
+def _retry_without_package(error: Exception) -> bool:
+    """A failure that compiling without our package might not have: a backend failure, a
+    package error, an internal error or any exception outside Dynamo's own; not Dynamo's
+    control flow (a graph break, a skipped frame, a restart), not torch's deliberate
+    refusal to cache under ``strict_autograd_cache``."""
+    from torch._dynamo import exc
+    from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
+
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, (BypassAOTAutogradCache, exc.FailOnRecompileLimitHit)):
+            return False
+        cause = getattr(cause, "inner_exception", None) or cause.__cause__
+    if isinstance(error, exc.TorchDynamoException):
+        return isinstance(error, (exc.BackendCompilerFailed, exc.InternalTorchDynamoError, exc.PackageError))
+    return True
 
 
 def _save(package: Any, ours: Ours, frame: str) -> None:
@@ -537,13 +563,14 @@ def _user_bundles() -> bool:
 def _count_bundled_hit(call: Any, self: Any, example_inputs: Any) -> Any:
     """An inductor graph served from a bundled AOTAutograd entry counts as an FX-graph
     cache hit when only warm start bundles: unbundled, the same AOTAutograd hit
-    reads the graph from the FX-graph cache and counts it there, and users read
-    ``fxgraph_cache_hit`` to see how much of a compile a cache saved."""
+    reads the graph from the FX-graph cache and counts it there (the counter and
+    the compile event), and users read them to see how much a cache saved."""
     result = call(self, example_inputs)
     if _WARM.bundling.get() and not _user_bundles():
-        from torch._dynamo.utils import counters
+        from torch._dynamo.utils import CompileEventLogger, counters
 
         counters["inductor"]["fxgraph_cache_hit"] += 1
+        CompileEventLogger.try_(CompileEventLogger.increment_toplevel, "inductor_fx_local_cache_hit_count")
     return result
 
 
@@ -575,6 +602,33 @@ def _precompile_header(call: Any, header: str, hashable_cmd_line: str, **compile
     return call(header, hashable_cmd_line, **compile_command)
 
 
+def _add_backend_id(call: Any, self: Any, backend_id: str, *args: Any, **kwargs: Any) -> None:
+    """A graph compiled for one of our packages: its backend id marks it ours wherever it
+    compiles more (a backward on first use, a specialization at call time)."""
+    if self in _WARM.ours:
+        _WARM.backend_ids.add(backend_id)
+    return call(self, backend_id, *args, **kwargs)
+
+
+def _ours(backend_id: str | None) -> bool:
+    return backend_id is not None and (_WARM.frame.get() is not None or backend_id in _WARM.backend_ids)
+
+
+@contextlib.contextmanager
+def _sanitized_for_key(call: Any, gm: Any) -> Iterator[None]:
+    """A graph of ours keyed as it is without a package.  torch clears ``_backend_id`` while
+    it computes the AOTAutograd key; set by a package compile it sits earlier in the
+    graph module's ``__dict__`` than where clearing puts it, and the pickled dict, so
+    the key, differs from a compile without a package (flag off, or a frame left out)."""
+    backend_id = gm.__dict__.pop("_backend_id", None) if _ours(getattr(gm, "_backend_id", None)) else None
+    try:
+        with call(gm):
+            yield
+    finally:
+        if backend_id is not None:
+            gm._backend_id = backend_id
+
+
 def _reduce_aot_config(call: Any, self: Any, aot_config: Any) -> Any:
     """AOTAutograd's cache key for our compiles, without the package's backend id.
 
@@ -584,7 +638,7 @@ def _reduce_aot_config(call: Any, self: Any, aot_config: Any) -> Any:
     the bundled artifact; on a hit torch records the artifact under the current
     compile's name, never the cached one.  So two keys that differ only there
     stand for the same compiled graph.  Other packages' keys are torch's."""
-    if _WARM.frame.get() is not None and getattr(aot_config, "precompile_backend_id", None) is not None:
+    if _ours(getattr(aot_config, "precompile_backend_id", None)):
         aot_config = dataclasses.replace(aot_config, precompile_backend_id=None)
     return call(self, aot_config)
 
@@ -832,7 +886,7 @@ HOOKS = [
     # Feature detection only: per-compile bypass (see the module docstring).
     Hook(_PACKAGE, "CompilePackage.bypass_current_compile", "precompile", lambda call, *a, **k: call(*a, **k)),
     Hook("torch._dynamo.convert_frame", "ConvertFrameAssert.__call__", "precompile", _convert_frame,
-         params=("frame",), retry=True),
+         params=("frame",)),
     Hook("torch._dynamo.output_graph", "OutputGraph.bypass_package", "precompile", _bypass_package,
          params=("reason",)),
     Hook("torch._dynamo.precompile_context", "PrecompileContext.record_artifact", "precompile", _record_artifact,
@@ -850,6 +904,8 @@ HOOKS = [
          _count_bundled_hit, params=("example_inputs",), lazy=True),
     Hook(_AUTOGRAD_CACHE, "AOTAutogradCachePickler._reduce_aot_config", "precompile", _reduce_aot_config,
          params=("aot_config",), lazy=True),
+    Hook(_AUTOGRAD_CACHE, "sanitize_gm_for_cache", "precompile", _sanitized_for_key, params=("gm",), lazy=True),
+    Hook(_PACKAGE, "CompilePackage.add_backend_id", "precompile", _add_backend_id, params=("backend_id",)),
     Hook("torch._inductor.output_code", "CompiledFxGraph.after_deserialization", "precompile",
          _load_compiled_graph, params=("constants",), lazy=True),
     Hook("torch._inductor.codecache", "_precompile_header", "precompile", _precompile_header,

@@ -178,9 +178,19 @@ def config_digest(values: Mapping[str, Any]) -> str:
 def stable_repr(value: Any) -> str:
     """``repr`` with sets sorted, so string hashing's per-process seed does not show.
 
-    An object whose ``repr`` carries its address differs in every process: its
-    entry is then never found again, which costs a compile and is never wrong.
+    An object with a ``uuid()`` (inductor's ``CustomGraphPass``) is written by
+    it, as torch's own cache keys do.  An object whose ``repr`` carries its
+    address differs in every process: its entry is then never found again,
+    which costs a compile and is never wrong.
     """
+    uuid = getattr(value, "uuid", None)
+    if callable(uuid) and not isinstance(value, type):
+        try:
+            written = uuid()
+        except Exception:  # noqa: BLE001 - a uuid() that fails: its repr, as for any object
+            written = None
+        if written is not None:
+            return f"{type(value).__qualname__}(uuid={written!r})"
     if isinstance(value, (set, frozenset)):
         return f"{type(value).__name__}({sorted(stable_repr(v) for v in value)})"
     if isinstance(value, dict):

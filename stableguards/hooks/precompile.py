@@ -219,11 +219,11 @@ def _configs() -> dict[str, dict[str, Any]]:
 
     from stableguards.hooks.core import FLAG
 
-    # Not get_config_copy(): it deep-copies, and a copied custom pass's repr names a new
-    # address each time (key components name custom passes by their uuid(): key.stable_repr).
-    dynamo = {k: v for k, v in dynamo_config.shallow_copy_dict().items() if k != FLAG}
-    return {"dynamo": dynamo, "inductor": inductor_config.shallow_copy_dict(),
-            "functorch": functorch_config.shallow_copy_dict()}
+    # Copies: a custom pass is written by its uuid(), an object with an address in its repr
+    # as one this process alone knows (key.stable_repr).
+    dynamo = {k: v for k, v in dynamo_config.get_config_copy().items() if k != FLAG}
+    return {"dynamo": dynamo, "inductor": inductor_config.get_config_copy(),
+            "functorch": functorch_config.get_config_copy()}
 
 
 def _store() -> Any:

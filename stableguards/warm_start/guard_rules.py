@@ -21,9 +21,7 @@ Python: the hook layer walks torch's trees and hands over strings and values.
 from __future__ import annotations
 
 import enum
-import io
 import re
-import tokenize
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -178,12 +176,27 @@ _IDS = re.compile(r"(___check_(?:obj|type)_id\(.*, )(\d+)\)")
 
 
 def _strip_comment(part: str) -> str:
-    try:
-        tokens = [t for t in tokenize.generate_tokens(io.StringIO(part).readline)
-                  if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.ENDMARKER)]
-        return tokenize.untokenize(tokens).strip() if tokens else ""
-    except (tokenize.TokenError, IndentationError, SyntaxError):
-        return part.strip()  # not Python: compared whole, comment and all (never wrongly equal)
+    """The code before a ``#`` outside string literals (torch appends the user's source line
+    as a comment), without trailing spaces."""
+    if "#" not in part:
+        return part.strip()
+    quote = ""
+    index = 0
+    while index < len(part):
+        char = part[index]
+        if quote:
+            if char == "\\":
+                index += 1  # the escaped character
+            elif part.startswith(quote, index):
+                index += len(quote) - 1
+                quote = ""
+        elif char in "'\"":
+            quote = part[index:index + 3] if part.startswith(char * 3, index) else char
+            index += len(quote) - 1
+        elif char == "#":
+            return part[:index].rstrip()
+        index += 1
+    return part.strip()
 
 
 def _short(text: str) -> str:

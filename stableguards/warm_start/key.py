@@ -17,8 +17,11 @@ plain Python; ``stableguards.hooks.precompile`` feeds it torch's objects.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
+import re
+import uuid as uuid_module
 import sys
 import types
 from collections.abc import Iterable, Mapping
@@ -79,6 +82,7 @@ def entry_key(*, torch_key: str, fn: Any, backend: str, options: Mapping[str, An
     return EntryKey(tuple(components))
 
 
+@functools.lru_cache(maxsize=16384)  # code objects compare by value: equal code, equal digest
 def code_digest(code: types.CodeType) -> str:
     """A hash of what a code object does, the same in every process.
 
@@ -180,14 +184,15 @@ def stable_repr(value: Any) -> str:
 
     An object with a ``uuid()`` (inductor's ``CustomGraphPass``) is written by
     it, as torch's own cache keys do.  An object whose ``repr`` carries its
-    address differs in every process: its entry is then never found again,
-    which costs a compile and is never wrong.
+    address is written as one that only this process knows: the same here
+    (torch's configuration copies, new on every read, keep one key), never
+    found in another process, which costs a compile and is never wrong.
     """
     uuid = getattr(value, "uuid", None)
     if callable(uuid) and not isinstance(value, type):
         try:
             written = uuid()
-        except Exception:  # noqa: BLE001 - a uuid() that fails: its repr, as for any object
+        except Exception:  # noqa: BLE001 - a uuid() that fails: written as any other object
             written = None
         if written is not None:
             return f"{type(value).__qualname__}(uuid={written!r})"
@@ -199,7 +204,13 @@ def stable_repr(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         inner = ", ".join(stable_repr(v) for v in value)
         return f"[{inner}]" if isinstance(value, list) else f"({inner})"
-    return repr(value)
+    written = repr(value)
+    return _ADDRESS.sub(f"at an address of process {_PROCESS}", written) if _ADDRESS.search(written) else written
+
+
+# Object reprs with an address ("<X object at 0x7f...>"), and this process's own token for them.
+_ADDRESS = re.compile(r"at 0x[0-9a-fA-F]+")
+_PROCESS = uuid_module.uuid4().hex
 
 
 def _qualified(obj: Any) -> str:

@@ -60,7 +60,8 @@ FEATURES = ("module_global", "helper_constant", "helper_attribute", "function_re
 # Ambient settings and what the changed process runs under instead.
 AMBIENTS = {
     "none": "no_grad", "no_grad": "none", "inference_mode": "none", "autocast": "none", "float64": "none",
-    "saved_tensor_hooks": "saved_tensor_hooks_changed", "inlined_saved_tensor_hooks": "inlined_saved_tensor_hooks_changed",
+    "saved_tensor_hooks": "saved_tensor_hooks_changed",
+    "inlined_saved_tensor_hooks": "inlined_saved_tensor_hooks_changed",
     "dynamo_setting": "dynamo_setting_changed", "inductor_setting": "inductor_setting_changed",
 }
 # Changes that need not show in the eager outputs: a setting that only changes how it compiles,
@@ -114,16 +115,17 @@ def sources(case: Case, warm: bool) -> dict[str, str]:
     last = ["y = y * y"] if case.train else []
     body = "\n".join(f"    {line}" for line in ["y = x", *p.steps, *last, "return y"])
     if case.module:
-        program = (f"class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-                   f"        self.lin = torch.nn.Linear(8, 8)\n\n    def forward(self, x):\n"
+        program = ("class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                   "        self.lin = torch.nn.Linear(8, 8)\n\n    def forward(self, x):\n"
                    + textwrap.indent(body.replace("y = x", "y = self.lin(x)", 1), "    ")
                    + "\n\n\ndef build():\n    torch.manual_seed(0)\n    net = Net().requires_grad_(TRAIN)\n"
                    + "".join(f"    {line}\n" for line in p.build) + "    return net\n")
     else:
-        program = f"def fn(x):\n{body}\n\n\ndef build():\n" + "".join(f"    {line}\n" for line in p.build) \
-            + "    return fn\n"
+        program = (f"def fn(x):\n{body}\n\n\ndef build():\n" + "".join(f"    {line}\n" for line in p.build)
+                   + "    return fn\n")
     teardown = "def teardown():\n" + "".join(f"    {line}\n" for line in p.teardown or ["pass"])
-    main = (f"import dataclasses\nimport os\n\nimport torch\nimport torch.nn.functional as F\n\nimport {helper} as helper\n"
+    main = ("import dataclasses\nimport os\n\nimport torch\nimport torch.nn.functional as F\n\n"
+            f"import {helper} as helper\n"
             f"\nTRAIN = {case.train}\nAMBIENT = {ambient!r}\n_handles = []\n" + "\n".join(p.main) + "\n\n\n"
             + program + "\n\n" + teardown)
     return {case.name: main, helper: "import torch\n\n" + "\n".join(p.helper) + "\n"}
@@ -173,10 +175,12 @@ def _feature(p: _Program, case: Case, i: int, f: Feature, changed: bool) -> None
             p.main.append(f"Cfg{i}.SCALE = {b}")
         p.steps.append(f"y = y * CFG{i}.SCALE")
     elif kind == "closure_cell":
-        p.main += [f"def make{i}(k):\n    def f(t):\n        return t * k\n    return f", f"F{i} = make{i}({b if changed else a})"]
+        p.main += [f"def make{i}(k):\n    def f(t):\n        return t * k\n    return f",
+                   f"F{i} = make{i}({b if changed else a})"]
         p.steps.append(f"y = F{i}(y)")
     elif kind == "mutable_closure":
-        p.main += [f"STATE{i} = {{'k': {a}}}", f"def make{i}(s):\n    def f(t):\n        return t * s['k']\n    return f",
+        p.main += [f"STATE{i} = {{'k': {a}}}",
+                   f"def make{i}(s):\n    def f(t):\n        return t * s['k']\n    return f",
                    f"G{i} = make{i}(STATE{i})"]
         if changed:
             p.main.append(f"STATE{i}['k'] = {b}")
@@ -207,12 +211,15 @@ def _feature(p: _Program, case: Case, i: int, f: Feature, changed: bool) -> None
                    f"@torch._dynamo.assume_constant_result\ndef const{i}():\n    return CONST{i}"]
         p.steps.append(f"y = y * const{i}()")
     elif kind == "module_hook":  # on the Linear, the same in both processes; changed: another kind of hook
-        kinds = ("register_forward_hook(lambda m, i, o: o * {s})", "register_forward_pre_hook(lambda m, a: (a[0] * {s},))",
+        kinds = ("register_forward_hook(lambda m, i, o: o * {s})",
+                 "register_forward_pre_hook(lambda m, a: (a[0] * {s},))",
                  "register_forward_hook(lambda m, a, k, o: o + {s}, with_kwargs=True)")
         p.main.append(f"def hook{i}(m, inputs, out):\n    return out * {a}")
-        p.build.append(f"net.lin.{kinds[f.variant].format(s=b)}" if changed else f"net.lin.register_forward_hook(hook{i})")
+        hook = kinds[f.variant].format(s=b) if changed else f"register_forward_hook(hook{i})"
+        p.build.append(f"net.lin.{hook}")
     elif kind == "global_module_hook":
         if changed:
-            p.main.append(f"def ghook{i}(m, inputs, out):\n    return out * {b} if isinstance(out, torch.Tensor) else out")
+            p.main.append(f"def ghook{i}(m, inputs, out):\n"
+                          f"    return out * {b} if isinstance(out, torch.Tensor) else out")
             p.build.append(f"_handles.append(torch.nn.modules.module.register_module_forward_hook(ghook{i}))")
             p.teardown.append("[h.remove() for h in _handles]")

@@ -241,7 +241,9 @@ def test_a_proof_round_trips_as_plain_tuples_and_is_checked():
     same = lambda item: item.fact  # noqa: E731
     assert check(cold, cold.facts, same) is None
     assert "G['K'] == 2" in check(cold, [Fact("G['K']", "EQUALS_MATCH", "G['K'] == 3")], same)
-    changed = lambda item: dataclasses.replace(item.fact, claim="builtins read: len; shadowed by globals: len")  # noqa: E731
+
+    def changed(item):
+        return dataclasses.replace(item.fact, claim="builtins read: len; shadowed by globals: len")
     assert "shadowed" in check(cold, cold.facts, changed)
 
     def cannot(item):

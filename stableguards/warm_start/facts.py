@@ -51,7 +51,8 @@ _MODULE_HOOKS = (("_forward_pre_hooks", ("_forward_pre_hooks_with_kwargs",)),
                  ("_forward_hooks", ("_forward_hooks_with_kwargs", "_forward_hooks_always_called")),
                  ("_backward_pre_hooks", ()), ("_backward_hooks", ()))
 _GLOBAL_HOOKS = (("_global_forward_pre_hooks", ()),
-                 ("_global_forward_hooks", ("_global_forward_hooks_with_kwargs", "_global_forward_hooks_always_called")),
+                 ("_global_forward_hooks",
+                  ("_global_forward_hooks_with_kwargs", "_global_forward_hooks_always_called")),
                  ("_global_backward_pre_hooks", ()), ("_global_backward_hooks", ()))
 _SIMPLE_TYPES = (type(None), bool, int, float, complex, str, bytes)
 

@@ -65,5 +65,6 @@ def check(proof: Proof, warm_facts: Iterable[Fact], recheck: Callable[[Recheck],
         except Unprovable as why:
             return f"{item.fact.describe()} in the cold process; here it cannot be checked: {why}"
         if now != item.fact:
-            return f"{item.fact.kind} on {item.fact.source}: {item.fact.claim!r} in the cold process, {now.claim!r} here"
+            return (f"{item.fact.kind} on {item.fact.source}: {item.fact.claim!r} in the cold process, "
+                    f"{now.claim!r} here")
     return None

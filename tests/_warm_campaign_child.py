@@ -70,8 +70,10 @@ def call(fn, module, train: bool) -> list[torch.Tensor]:
     for p in params:
         p.grad = None
     out = fn(x)
-    results = [out.detach().float()]
-    if train:
+    # Whether the output requires grad is a result too: a training case whose change is
+    # no_grad has no backward to run, and a stale graph would still record one.
+    results = [out.detach().float(), torch.tensor(float(out.requires_grad))]
+    if train and out.requires_grad:
         out.float().sum().backward()
         results += [t.grad.detach().float() for t in [x, *params] if t.grad is not None]
     return results

@@ -95,6 +95,7 @@ def test_a_warm_process_is_never_served_stale_code(batch_index, tmp_path_factory
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     seed = None if BATCHES == 1 else random.randrange(2**32)
     batch = _draw(CASES, seed)
+    print(f"seed {seed}")  # shown if a child process fails below
     on = _campaign(tmp_path_factory.mktemp("on"), batch, flag=True)
     off = _campaign(tmp_path_factory.mktemp("off"), batch, flag=False)
     # Printed, so that a failure shows all of it (pytest shows a failing test's output).

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from stableguards.warm_start import EntryKey, code_digest, entry_key, stable_repr
+from stableguards.warm_start import EntryKey, code_digest, config_digest, entry_key, stable_repr
 
 CHILD = Path(__file__).resolve().parent / "_warm_start_child.py"
 
@@ -92,6 +92,17 @@ def test_code_digest_sees_nested_code_and_constants():
 
     assert code_digest(a.__code__) != code_digest(b.__code__)
     assert stable_repr(frozenset({3, 1, 2})) == "frozenset(['1', '2', '3'])"
+
+
+def test_a_restart_from_another_directory_or_machine_keeps_the_config_key():
+    """Dynamo's debug directory follows the working directory and inductor's compile
+    threads the core count: neither changes what is compiled, so neither is keyed.
+    Every other setting is."""
+    base = {"debug_dir_root": "/a/torch_compile_debug", "compile_threads": 2, "trace.enabled": False,
+            "xpu.cutlass_dir": "/a", "epilogue_fusion": True}
+    moved = {**base, "debug_dir_root": "/b/torch_compile_debug", "compile_threads": 32, "xpu.cutlass_dir": "/b"}
+    assert config_digest(base) == config_digest(moved)
+    assert config_digest(base) != config_digest({**base, "epilogue_fusion": False})
 
 
 class _Outer:

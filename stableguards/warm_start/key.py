@@ -174,9 +174,25 @@ def _find_const(code: types.CodeType, target: types.CodeType) -> tuple[int, ...]
 
 
 def config_digest(values: Mapping[str, Any]) -> str:
-    """A configuration's settings, hashed in a way that does not depend on the process."""
-    text = "\n".join(f"{name}={stable_repr(value)}" for name, value in sorted(values.items()))
+    """A configuration's settings, hashed in a way that does not depend on the process.
+
+    Settings in ``NOT_CODE`` are left out: they name where this process writes
+    debug output or how many workers compile, which depend on the working
+    directory and the machine and not on what is compiled (torch's own FX-graph
+    key leaves the inductor ones out for the same reason).  Everything else is
+    kept: a setting not known to be harmless to ignore costs a miss, never a
+    wrong hit.
+    """
+    kept = {name: value for name, value in values.items() if not name.startswith(NOT_CODE)}
+    text = "\n".join(f"{name}={stable_repr(value)}" for name, value in sorted(kept.items()))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+# Setting names (prefixes) that never change compiled code: Dynamo's debug directory (the
+# working directory's), inductor's trace output, CUTLASS checkout paths, and its compile
+# workers (their count follows the machine's cores).
+NOT_CODE = ("debug_dir_root", "trace.", "cuda.cutlass_dir", "cutlass.cutlass_dir", "xpu.cutlass_dir",
+            "worker_start_method", "compile_threads", "compile_worker_")
 
 
 def stable_repr(value: Any) -> str:

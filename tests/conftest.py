@@ -13,10 +13,14 @@ atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_err
 
 
 @pytest.fixture(autouse=True)
-def fresh_stableguards_state():
-    """Counters, explanations and warnings given start empty in every test."""
+def fresh_stableguards_state(tmp_path_factory, monkeypatch):
+    """Every test starts with empty counters, explanations and warnings given, and a cache
+    dir of its own (profiles, the key ledger, warm-start entries, torch's artifacts), so what
+    it sees never depends on which tests ran before it.  A test may point the cache dir
+    elsewhere (``monkeypatch.setenv``); a subprocess inherits the test's."""
     from stableguards.hooks import STATE
 
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     STATE.reset()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import re
 import subprocess
 import sys
 import weakref
@@ -230,10 +231,13 @@ def test_torch_wrappers_fingerprint_the_same_in_every_process():
     script = ("import torch, stableguards.hooks.backends as i\n"
               "print(i.backend_fingerprint(torch._TorchCompileWrapper('aot_eager', None, {}, None)).digest,"
               " i.backend_fingerprint(torch._TorchCompileInductorWrapper('max-autotune', None, None)).digest)")
-    outs = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                           env=dict(os.environ, PYTHONHASHSEED=seed)).stdout.split()[-2:][0]
+    outs = {tuple(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                                 env=dict(os.environ, PYTHONHASHSEED=seed)).stdout.split()[-2:])
             for seed in ("1", "2")}
-    assert len(outs) == 1
+    # Both wrappers' digests, compared across the two processes.
+    assert len(outs) == 1, outs
+    (generic, inductor), = outs
+    assert generic != inductor
 
 
 def test_torch_logs_artifact_prints_explanations():
@@ -264,7 +268,11 @@ def test_a_backend_that_dies_inside_reset_does_not_crash():
     proc = subprocess.run([sys.executable, "-X", "faulthandler", str(bench)], capture_output=True,
                           text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "collected" in proc.stdout and "wrong" in proc.stdout
+    rows = {cells[0]: cells[1:] for cells in (re.split(r"\s{2,}", line.strip())
+                                              for line in proc.stdout.splitlines()[1:])}
+    assert rows["backend after del + gc (no reset)"] == ["alive", "collected"], rows
+    assert not [name for name, (off, on) in rows.items() if "wrong" in on], rows  # never a wrong result
+    assert "wrong" in rows["Scaled(2), Scaled(3), Scaled(2) (loose __eq__)"][0], rows  # flag off: it bites
 
 
 @pytest.mark.parametrize("backend, registered", [("eager", True), ("aot_eager", True), (Scaled(2), False)])

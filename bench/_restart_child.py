@@ -43,7 +43,7 @@ def main(workload_name: str, backend: str) -> dict:
         "compile_s": sum(m.entire_frame_compile_time_s or 0.0 for m in metrics),
         "matches_eager": matches_eager(workload, compiled),
         "explain": stableguards.explain(),
-        "counters": dict(stableguards.manager.counters),
+        "counters": dict(stableguards.EVENTS.counters),
         "graphs": built,
     }
     for group, names in (

@@ -158,7 +158,7 @@ def main(name: str) -> dict:
         "per_call_us": per_call_us,
         "per_call_first_us": per_call_first_us,
         "matches_eager": matches,
-        "warm_start": {k: v for k, v in stableguards.manager.counters.items() if k.startswith("warm_start")},
+        "warm_start": {k: v for k, v in stableguards.EVENTS.counters.items() if k.startswith("warm_start")},
     }
 
 

@@ -4,7 +4,7 @@
 
 Each round allocates N source names into a fresh ShapeEnv through the hooked
 method, once with the flag off (torch's sha256 % 100 allocator) and once with it
-on (xxh64 + the manager's bookkeeping).  Rounds alternate to share the noise.
+on (xxh64 + the symbol table's bookkeeping).  Rounds alternate to share the noise.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ mode="reduce-overhead", then rebinds a parameter's storage
 (p.data = p.data.clone()) so the address baked into the cudagraphs is stale.
 torch re-records silently; stableguards should log a warning naming the moved
 parameter by its Dynamo source, or raise StaticInputMoved when
-stableguards.manager.strict_static_inputs is on.  "re-records" counts graphs
+stableguards.cudagraphs.strict_static_inputs is on.  "re-records" counts graphs
 torch recorded after the move (CUDAGraphTreeManager.record_function calls).
 In the whole-step scenarios the grads come out of the recorded backward graph,
 so cudagraphs treat them as static and copy none; "step only" compiles just
@@ -57,11 +57,11 @@ def scenario(name: str, strict: bool, recordings: list[int], whole_step: bool = 
     """whole_step: forward, backward and step compiled together; else only opt.step is,
     after an eager backward, so its grads are not cudagraph outputs and get copied."""
     import stableguards
-    from stableguards.cudagraph_checks import StaticInputMoved
+    from stableguards.cudagraphs.checks import StaticInputMoved
 
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    stableguards.manager.strict_static_inputs = strict
+    stableguards.cudagraphs.strict_static_inputs = strict
     model = torch.nn.Linear(64, 64, device="cuda")
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     x = torch.randn(32, 64, device="cuda")
@@ -99,7 +99,7 @@ def scenario(name: str, strict: bool, recordings: list[int], whole_step: bool = 
         torch.cuda.synchronize()
     finally:
         logging.getLogger("stableguards").removeHandler(handler)
-        stableguards.manager.strict_static_inputs = False
+        stableguards.cudagraphs.strict_static_inputs = False
 
     moves = [m for m in handler.messages if " -> 0x" in m]
     return {

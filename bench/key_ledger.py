@@ -14,7 +14,7 @@ import statistics
 import tempfile
 import time
 
-from stableguards.key_diff import KeyLedger, KeyRecord, differences, nearest
+from stableguards.keys.ledger import KeyLedger, KeyRecord, differences, nearest
 
 
 def make_record(i: int) -> KeyRecord:

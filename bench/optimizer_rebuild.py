@@ -69,7 +69,7 @@ entries = sum(1 for r in list(input_codes.seen) if r() is not None and r().co_na
               for e in c_eval_frame._debug_get_cache_entry_list(r()) if e.code is not None)
 print(json.dumps({"compiles": counters["stats"]["unique_graphs"], "limit_hit": bool(limit_hits),
                   "live_step_entries": entries, "live_tensors": live, "equal": equal,
-                  "released": stableguards.manager.counters["optimizer_entries_released"]}))
+                  "released": stableguards.EVENTS.counters["optimizer_entries_released"]}))
 """.replace("REBUILDS", str(REBUILDS))
 
 

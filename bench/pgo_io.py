@@ -16,8 +16,8 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from stableguards.pgo.profile import DYNAMIC, CodeKey, Profile, SourceEntry, specialized, static
-from stableguards.pgo.store import LocalStore, decode, encode
+from stableguards.profiles.profile import DYNAMIC, CodeKey, Profile, SourceEntry, specialized, static
+from stableguards.profiles.store import LocalStore, decode, encode
 
 ROUNDS = 21
 
@@ -71,7 +71,7 @@ def main() -> None:
             ("local merge_write (lock, read, join, write)", median_ms(lambda: store.merge_write("job", profile))),
         ]
     if args.redis:
-        from stableguards.pgo.store import RedisStore
+        from stableguards.profiles.store import RedisStore
 
         redis_store = RedisStore(args.redis)
         redis_store.merge_write("bench", profile)

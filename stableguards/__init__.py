@@ -8,18 +8,28 @@ changes until it is on.
 
 from __future__ import annotations
 
-from stableguards.hooks import STATE as _STATE
+from stableguards import registry as _registry
+from stableguards.events import EVENTS
 from stableguards.hooks import arm as _arm
-from stableguards.optimizer_guards import static_grads
+from stableguards.optimizers.lives import static_grads
 
-__all__ = ["explain", "manager", "static_grads"]
-
-manager = _STATE.manager
+__all__ = ["EVENTS", "counters", "explain", "reset", "static_grads"]
 
 
 def explain() -> str:
-    """Why restarts missed or recompiled: the manager's counters and recent events."""
-    return manager.explain()
+    """Why restarts missed, recompiled, bypassed a cache or left a frame out: the counters and
+    recent events, newest last."""
+    return EVENTS.explain(_registry.DISABLED)
+
+
+def counters() -> dict[str, int]:
+    """What stableguards counted in this process (hits, misses, left-out frames, fallbacks)."""
+    return dict(EVENTS.counters)
+
+
+def reset() -> None:
+    """Forget what every part counted and explained (for tests)."""
+    _registry.reset()
 
 
 _arm()

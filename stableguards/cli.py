@@ -1,4 +1,6 @@
-"""``python -m stableguards pgo show|diff|clear``: look at and manage stored profiles.
+"""``python -m stableguards pgo show|diff|clear``: look at and manage stored profiles;
+``python -m stableguards hooks`` and ``parts``: the tables of the torch seams stableguards
+hooks and of its parts.
 
 A profile is named by its key (as stored by this process's store: the local
 directory under the inductor cache dir, or Redis when STABLEGUARDS_PGO_REDIS_URL
@@ -12,8 +14,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from stableguards.pgo.profile import Profile, State
-from stableguards.pgo.store import LocalStore, ProfileStore, RedisStore
+from stableguards.profiles.profile import Profile, State
+from stableguards.registry import parts_table
+from stableguards.profiles.store import LocalStore, ProfileStore, RedisStore
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +34,17 @@ def main(argv: list[str] | None = None) -> int:
     diff.add_argument("b", help="key or file")
     clear = pgo.add_parser("clear", help="remove a stored profile")
     clear.add_argument("profile", help="key or file")
+    commands.add_parser("hooks", help="print the table of torch seams stableguards hooks (markdown)")
+    commands.add_parser("parts", help="print the table of stableguards' parts (markdown)")
     args = parser.parse_args(argv)
+    if args.area == "hooks":
+        from stableguards.hooks import hook_table
+
+        print(hook_table())
+        return 0
+    if args.area == "parts":
+        print(parts_table())
+        return 0
 
     store = _store(args)
     if args.command == "show":
@@ -48,7 +61,7 @@ def _store(args: argparse.Namespace) -> ProfileStore:
         return RedisStore(args.redis)
     if args.dir:
         return LocalStore(args.dir)
-    from stableguards.hooks.profiles import profile_store  # the store compiles use
+    from stableguards.profiles.hooks import profile_store  # the store compiles use
 
     store = profile_store()
     if store is None:

@@ -57,7 +57,7 @@ def main(src: str, names: list[str]) -> dict:
     sys.path.insert(0, src)
     torch._dynamo.config.stable_guards = True
     results = {name: run_case(name) for name in names}
-    return {"cases": results, "counters": dict(stableguards.manager.counters), "explain": stableguards.explain()}
+    return {"cases": results, "counters": dict(stableguards.EVENTS.counters), "explain": stableguards.explain()}
 
 
 if __name__ == "__main__":

@@ -18,10 +18,10 @@ def fresh_stableguards_state(tmp_path_factory, monkeypatch):
     dir of its own (profiles, the key ledger, warm-start entries, torch's artifacts), so what
     it sees never depends on which tests ran before it.  A test may point the cache dir
     elsewhere (``monkeypatch.setenv``); a subprocess inherits the test's."""
-    from stableguards.hooks import STATE
+    import stableguards
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    STATE.reset()
+    stableguards.reset()
 
 
 @pytest.fixture

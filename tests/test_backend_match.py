@@ -18,7 +18,7 @@ import torch._dynamo
 from torch._dynamo.backends.common import aot_autograd
 
 import stableguards
-from stableguards.hooks import backends
+from stableguards.backends import hooks as backends
 
 
 @pytest.fixture
@@ -228,7 +228,7 @@ def test_flag_off_leaves_cache_entries_to_torch(fresh_dynamo):
 
 
 def test_torch_wrappers_fingerprint_the_same_in_every_process():
-    script = ("import torch, stableguards.hooks.backends as i\n"
+    script = ("import torch, stableguards.backends.hooks as i\n"
               "print(i.backend_fingerprint(torch._TorchCompileWrapper('aot_eager', None, {}, None)).digest,"
               " i.backend_fingerprint(torch._TorchCompileInductorWrapper('max-autotune', None, None)).digest)")
     outs = {tuple(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from stableguards.cli import main
-from stableguards.pgo.profile import DYNAMIC, CodeKey, Profile, SourceEntry, specialized, static
-from stableguards.pgo.store import LocalStore
+from stableguards.profiles.profile import DYNAMIC, CodeKey, Profile, SourceEntry, specialized, static
+from stableguards.profiles.store import LocalStore
 
 CODE = CodeKey("0badc0de", 12, "train_step", None, "train.py")
 
@@ -61,3 +62,20 @@ def test_runs_as_a_module(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "stableguards", "--dir", str(tmp_path), "pgo", "show"],
                           capture_output=True, text=True, check=True)
     assert "no profiles stored" in proc.stdout
+
+
+def test_the_hook_table_in_the_docs_is_the_registrys(capsys):
+    """docs/hooks.md holds `python -m stableguards hooks`'s output: derived, never hand-kept."""
+    assert main(["hooks"]) == 0
+    table = capsys.readouterr().out.strip()
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "hooks.md").read_text()
+    begin, end = "<!-- hooks table: begin -->\n", "\n<!-- hooks table: end -->"
+    assert doc[doc.index(begin) + len(begin):doc.index(end)] == table, "run python -m stableguards hooks"
+
+
+def test_the_parts_table_in_the_readme_is_the_registrys(capsys):
+    assert main(["parts"]) == 0
+    table = capsys.readouterr().out.strip()
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    begin, end = "<!-- parts table: begin -->\n", "\n<!-- parts table: end -->"
+    assert readme[readme.index(begin) + len(begin):readme.index(end)] == table, "run python -m stableguards parts"

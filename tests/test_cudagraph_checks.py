@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stableguards.cudagraph_checks import (
+from stableguards.cudagraphs.checks import (
     Moved,
     StaticInputMoved,
     StaticInputWatch,
@@ -171,7 +171,7 @@ class StandInNode:
 
 
 def test_cudagraph_hooks_name_the_moved_input_and_strict_refuses(caplog):
-    """The hooks in stableguards.hooks.cudagraphs, through the fail-open wrapper, on a stand-in
+    """The hooks in stableguards.cudagraphs.hooks, through the fail-open wrapper, on a stand-in
     that consumes its inputs as torch's node does (the addresses must be taken before)."""
     import logging
     from types import SimpleNamespace
@@ -179,7 +179,8 @@ def test_cudagraph_hooks_name_the_moved_input_and_strict_refuses(caplog):
     import torch
 
     import stableguards
-    from stableguards.hooks import STATE, cudagraphs
+    from stableguards.cudagraphs import hooks as cudagraphs
+    from stableguards.events import EVENTS
     from stableguards.hooks.core import _wrap
 
     hooks = {h.target: h for h in cudagraphs.HOOKS}
@@ -191,21 +192,21 @@ def test_cudagraph_hooks_name_the_moved_input_and_strict_refuses(caplog):
     node = StandInNode.__new__(StandInNode)
     with torch._dynamo.config.patch(stable_guards=True), caplog.at_level(logging.WARNING, "stableguards"):
         init(node, function, 0, None, [weight, x], None, 0, None, None, None, compile_id="c0")
-        assert STATE.manager.counters["fallbacks"] == 0
+        assert EVENTS.counters["fallbacks"] == 0
         check(node, [weight.clone(), x])
         assert any("primals_1" in r.getMessage() and "1st time" in r.getMessage() for r in caplog.records)
-        stableguards.manager.strict_static_inputs = True
+        stableguards.cudagraphs.strict_static_inputs = True
         try:
             with pytest.raises(StaticInputMoved, match="primals_1"):
                 check(node, [weight.clone(), x])
         finally:
-            stableguards.manager.strict_static_inputs = False
+            stableguards.cudagraphs.strict_static_inputs = False
 
 
 def test_input_names_match_flat_inputs_by_number_not_position():
     """Placeholder order is inductor's (an H100 run recorded primals_2, primals_3, primals_1);
     the number in the name is AOTAutograd's flat input."""
-    from stableguards.cudagraph_checks import input_names
+    from stableguards.cudagraphs.checks import input_names
 
     sources = ["L['w']", "L['b']", "L['x']"]
     assert input_names(["primals_2", "primals_3", "primals_1"], sources) == [
@@ -223,7 +224,8 @@ def test_resetting_the_trees_forgets_recordings():
     a new graph with an old id must not inherit the old graph's addresses or count."""
     import torch
 
-    from stableguards.hooks import STATE, cudagraphs
+    from stableguards.cudagraphs import hooks as cudagraphs
+    from stableguards.cudagraphs.state import STATE
     from stableguards.hooks.core import _wrap
 
     hook = next(h for h in cudagraphs.HOOKS if h.target == "reset_cudagraph_trees")

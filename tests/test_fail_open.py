@@ -1,10 +1,12 @@
-"""Fail open by construction: an exception injected into any installed hook leaves the
-compile working, equal to eager, with one warning naming the hook."""
+"""Fail open by construction: an exception injected into any installed hook, or into any
+feature's step at a shared seam, leaves the compile working, equal to eager, with one
+warning naming it."""
 
 from __future__ import annotations
 
 import copy
 import gc
+import importlib
 import itertools
 import logging
 import threading
@@ -16,8 +18,10 @@ import torch._C._dynamo.eval_frame as c_eval_frame
 import torch._dynamo
 
 import stableguards  # noqa: F401 - registers the flag and installs the hooks
-from stableguards.hooks import STATE, hook_tables
+from stableguards.events import EVENTS
+from stableguards.hooks import SHARED, STATE, hook_tables, seams
 from stableguards.hooks.core import installed_hooks
+from stableguards.warm_start.state import STATE as WARM
 
 ALL_HOOKS = [h for hooks in hook_tables().values() for h in hooks]
 
@@ -89,7 +93,7 @@ def warm_start_calls() -> None:
             torch.testing.assert_close(compiled(x), (x.cos() + 0.5) * scale)
         torch.testing.assert_close(torch.compile(left_out)(x), x + 1)
         torch._dynamo.reset()
-        STATE.warm.forget_process()
+        WARM.forget_process()
 
 
 def warm_start_training() -> None:
@@ -119,7 +123,7 @@ def workload_for(hook) -> None:
         warm_start_training()
     elif hook.target == "invoke_and_store_as_constant":
         warm_start_constants()
-    elif hook.part == "precompile":
+    elif hook.part == "warm_start":
         warm_start_calls()
     elif hook.module.startswith(("torch._inductor", "torch._functorch")):
         inductor_call()
@@ -153,13 +157,39 @@ def test_an_exception_in_any_hook_falls_back_to_torch(hook, monkeypatch, caplog,
         assert hook.module == "torch._inductor.cudagraph_trees", f"{hook.name} was never called"
         return
     assert len(warnings) == 1 and hook.name in warnings[0].getMessage()
-    assert STATE.manager.counters["fallbacks"] == len(calls)
+    assert EVENTS.counters["fallbacks"] == len(calls)
+
+
+@pytest.mark.parametrize("step", seams.STEPS, ids=lambda s: f"{s.name} ({s.part})")
+def test_an_exception_in_any_step_at_a_shared_seam_falls_back_to_torch(step, monkeypatch, caplog, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    if step.part not in STATE.installed:
+        pytest.skip(f"{step.part} is not installed in this torch")
+    calls = []
+
+    def injected(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError(f"injected into {step.name}")
+
+    monkeypatch.setattr(importlib.import_module(step.module), step.name, injected)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(stable_guards=True), caplog.at_level(logging.WARNING, "stableguards"):
+        warm_start_calls() if step.part == "warm_start" else train_steps("eager")
+    torch._dynamo.reset()
+    warnings = [r.getMessage() for r in caplog.records if "injected" in r.getMessage()]
+    assert calls, f"{step.name} was never called"
+    assert len(warnings) == 1 and f"{step.name} ({step.part})" in warnings[0]
+    assert EVENTS.counters["fallbacks"] == len(calls)
 
 
 def test_every_hook_point_is_declared_in_a_table():
     installed = installed_hooks()
     assert installed and all(h in ALL_HOOKS for h in installed)
-    assert {h.part for h in ALL_HOOKS} == set(hook_tables())
+    tables = hook_tables()
+    assert all(h.part == part for part, hooks in tables.items() if part != SHARED for h in hooks)
+    assert all(h.part is None for h in tables[SHARED])
+    # A seam has one hook: the shared ones' owner, or one part's.
+    assert all(len(seam.hooks) == 1 for seam in STATE.seams.values())
 
 
 def test_releases_wait_while_another_thread_compiles(fresh_dynamo):

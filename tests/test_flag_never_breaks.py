@@ -56,9 +56,11 @@ def test_a_compile_that_fails_with_stableguards_in_the_way_is_compiled_again_wit
     import torch
     import torch._dynamo
 
-    from stableguards.hooks import STATE, precompile
+    from stableguards.events import EVENTS
+    from stableguards.hooks import STATE
+    from stableguards.warm_start import hooks as precompile
 
-    if "precompile" not in STATE.installed:
+    if "warm_start" not in STATE.installed:
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(precompile, "_is_output_code", lambda fn: True)
@@ -69,7 +71,7 @@ def test_a_compile_that_fails_with_stableguards_in_the_way_is_compiled_again_wit
     torch._dynamo.reset()
     warnings = [r.getMessage() for r in caplog.records if "warm start compile" in r.getMessage()]
     assert len(warnings) == 1 and "expected OutputCode" in warnings[0], caplog.text
-    assert STATE.manager.counters["fallbacks"] == 1
+    assert EVENTS.counters["fallbacks"] == 1
 
 
 def test_a_failing_backend_is_called_once_as_without_the_flag():

@@ -18,7 +18,7 @@ from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
-from stableguards.hyperparams import hyperparameter_source, rewrite
+from stableguards.hyperparams.rewrite import hyperparameter_source, rewrite
 
 aten = torch.ops.aten
 FMA = getattr(torch.ops.prims, "fma", None)  # torch 2.15

@@ -12,9 +12,11 @@ import torch
 import torch._dynamo
 
 import stableguards
-from stableguards import hooks
+from stableguards import hooks, registry
+from stableguards.events import EVENTS
 from stableguards.hooks import STATE
-from stableguards.symbols import home_slot
+from stableguards.symbols.ids import home_slot
+from stableguards.symbols.state import STATE as SYMBOLS
 
 
 def graph_symbols(fn, *args) -> list[str]:
@@ -64,7 +66,8 @@ def test_every_hook_installs_through_the_entry_point_alone():
               "import torch._inductor.cudagraph_trees\n"
               "from stableguards.hooks import STATE\n"
               "print(sorted(name for _, name in STATE.seams))\n"
-              "print(sorted(STATE._warned))", TORCHDYNAMO_STABLE_GUARDS="1")
+              "from stableguards.events import EVENTS\n"
+              "print(sorted(EVENTS._warned))", TORCHDYNAMO_STABLE_GUARDS="1")
     hooks, warned = out.splitlines()[-2:]
     for name in ("compiled_fx_graph_hash", "check_invariants", "map_sources_and_install_guards",
                  "_generate_unique_id", "get_compiler_fn"):
@@ -116,8 +119,8 @@ def test_an_internal_error_warns_once_and_falls_back(fresh_dynamo, monkeypatch, 
     def broken(*args):
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(STATE.manager, "symbol_id", broken)
-    before = STATE.manager.counters["fallbacks"]
+    monkeypatch.setattr(SYMBOLS, "symbol_id", broken)
+    before = EVENTS.counters["fallbacks"]
     with caplog.at_level(logging.WARNING, logger="stableguards"), \
             torch._dynamo.config.patch(stable_guards=True):
         names = graph_symbols(add, torch.randn(3), torch.randn(4))
@@ -126,7 +129,7 @@ def test_an_internal_error_warns_once_and_falls_back(fresh_dynamo, monkeypatch, 
     assert names == [f"s{upstream_id(src)}" for src in ("L['x'].size()[0]", "L['y'].size()[0]")]
     assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
     assert "injected" in caplog.records[0].message
-    assert STATE.manager.counters["fallbacks"] - before == 4
+    assert EVENTS.counters["fallbacks"] - before == 4
     assert "injected" in stableguards.explain()
 
 
@@ -162,10 +165,18 @@ def test_uninstall_restores_upstream(fresh_dynamo):
 
 
 def test_an_unknown_part_in_stableguards_disable_is_named(monkeypatch, caplog):
-    monkeypatch.setattr(STATE.manager, "disabled", frozenset({"symbol"}))
+    monkeypatch.setattr(registry, "UNKNOWN_DISABLED", registry.disabled_parts("symbol,pgo")[1])
     with caplog.at_level(logging.WARNING, logger="stableguards"):
         hooks.install()
-    assert "symbol" in caplog.text and "symbols, pgo, backend" in caplog.text
+    assert "names symbol," in caplog.text and "symbols, profiles, backends" in caplog.text
+
+
+def test_stableguards_disable_takes_the_parts_earlier_names():
+    """pgo, backend, optimizer and precompile were the parts' names before each had a package;
+    optimizer covered hyperparameter lifting too."""
+    parts, unknown = registry.disabled_parts("pgo, backend,optimizer,precompile")
+    assert parts == {"profiles", "backends", "optimizers", "hyperparams", "warm_start"} and not unknown
+    assert registry.disabled_parts("hyperparams") == ({"hyperparams"}, frozenset())
 
 
 def test_an_untested_torch_opted_in_gets_every_part_whose_hook_points_fit(monkeypatch, caplog):
@@ -182,7 +193,7 @@ def test_an_untested_torch_opted_in_gets_every_part_whose_hook_points_fit(monkey
         monkeypatch.setattr(symbol_hook, "params", ("source_name", "a_parameter_torch_renamed"))
         with caplog.at_level(logging.WARNING, logger="stableguards"):
             hooks.install()
-        assert "symbols" not in STATE.installed and {"pgo", "backend", "optimizer"} <= STATE.installed
+        assert "symbols" not in STATE.installed and {"profiles", "backends", "optimizers"} <= STATE.installed
         assert not hasattr(ShapeEnv._generate_unique_id, "__stableguards_hook__")
         [warning] = [r.getMessage() for r in caplog.records]
         assert "'symbols'" in warning and "a_parameter_torch_renamed" in warning
@@ -194,8 +205,8 @@ def test_an_untested_torch_opted_in_gets_every_part_whose_hook_points_fit(monkey
 
 
 def test_a_part_left_to_torch_changes_only_that_part(fresh_dynamo, monkeypatch):
-    """STABLEGUARDS_DISABLE=backend: symbols stay stable, cache entries are torch's."""
-    monkeypatch.setattr(STATE.manager, "disabled", frozenset({"backend"}))
+    """STABLEGUARDS_DISABLE=backends: symbols stay stable, cache entries are torch's."""
+    monkeypatch.setattr(registry, "DISABLED", frozenset({"backends"}))
     import torch._C._dynamo.eval_frame as c_eval_frame
 
     with torch._dynamo.config.patch(stable_guards=True):

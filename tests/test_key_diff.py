@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stableguards.key_diff import KeyLedger, KeyRecord, differences, nearest
+from stableguards.keys.ledger import KeyLedger, KeyRecord, differences, nearest
 
 CODE = "<lambda>()\n\ndef forward(self, arg0_1, arg1_1):\n    mul = torch.ops.aten.mul.Tensor(arg1_1, {s})\n    return (mul,)"
 
@@ -19,8 +19,8 @@ def record(key: str, symbol: str, debug: bool = False) -> KeyRecord:
 
 def test_components_are_parsed_with_multiline_values():
     rec = record("k1", "s68")
-    assert rec.components["example_inputs[0]"] == ("e-s68", "('s68',)")
-    assert rec.components["gm"][1].count("\n") == 4
+    assert rec.hashes.get("example_inputs[0]") == "e-s68" and rec.values["example_inputs[0]"] == "('s68',)"
+    assert rec.values["gm"].count("\n") == 4
 
 
 def test_nearest_shares_the_most_components_and_is_never_itself():
@@ -73,9 +73,9 @@ def test_the_ledger_is_bounded_and_evicts_the_least_recently_used(tmp_path):
 
     ledger = KeyLedger(tmp_path, capacity=3)
     for age, key in ((30, "a"), (20, "b"), (10, "c")):
-        ledger.record(KeyRecord(key, {"c": ("h", key)}))
+        ledger.record(KeyRecord.from_debug_lines(key, [f"[h] c: {key}"]))
         past = time.time() - age
         os.utime(tmp_path / f"{key}.json", (past, past))
-    ledger.record(KeyRecord("a", {}))  # used again: now the most recent
-    ledger.record(KeyRecord("d", {}))  # one too many: the least recently used goes
+    ledger.record(KeyRecord.from_debug_lines("a", []))  # used again: now the most recent
+    ledger.record(KeyRecord.from_debug_lines("d", []))  # one too many: the least recently used goes
     assert sorted(r.key for r in ledger.recent()) == ["a", "c", "d"]

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import stableguards
-from stableguards.optimizer_guards import OptimizerLives, has_static_grad, static_grads
+from stableguards.optimizers.lives import OptimizerLives, has_static_grad, static_grads
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -160,21 +160,21 @@ def _run_adam(flag, n=6, steps=4):
 def test_state_tensors_are_guarded_by_their_dicts_version(fresh_dynamo):
     off = _run_adam(False)
     torch._dynamo.reset()
-    stableguards.manager.reset()
+    stableguards.reset()
     on = _run_adam(True)
     n = 6
     # Upstream: ID_MATCH on the param and its exp_avg, exp_avg_sq and step.
     assert off["ID_MATCH"] - on["ID_MATCH"] == 3 * n
     assert on["DICT_VERSION"] == n
     assert sum(on.values()) < sum(off.values())
-    assert stableguards.manager.counters["optimizer_state_dicts_versioned"] == n
+    assert stableguards.EVENTS.counters["optimizer_state_dicts_versioned"] == n
 
 
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
 def test_replacing_a_state_tensor_recompiles_and_stays_correct(fresh_dynamo, backend):
     """The version check is what stands between a replaced state tensor and a graph
     that updates the old one in place; inductor bakes the old one in, so it must hold."""
-    stableguards.manager.reset()
+    stableguards.reset()
     opt, twin = _twins(torch.optim.Adam, 3, lr=0.01)
     with torch._dynamo.config.patch(stable_guards=True):
         step = torch.compile(opt.step, backend=backend)
@@ -187,7 +187,7 @@ def test_replacing_a_state_tensor_recompiles_and_stays_correct(fresh_dynamo, bac
             step()
             twin.step()
             _assert_same(opt, twin)
-    assert stableguards.manager.counters["optimizer_state_dicts_versioned"] > 0
+    assert stableguards.EVENTS.counters["optimizer_state_dicts_versioned"] > 0
 
 
 def test_sgd_momentum_write_back_does_not_walk_the_state_dict(fresh_dynamo, monkeypatch):
@@ -263,7 +263,7 @@ def test_scheduled_hyperparameters_under_inductor_cost_one_recompile(fresh_dynam
 
     counters.clear()
     assert _schedule(True, cls, backend="inductor", **kwargs) <= 3
-    assert stableguards.manager.counters["hyperparameter_uses_lifted"] >= 1
+    assert stableguards.EVENTS.counters["hyperparameter_uses_lifted"] >= 1
 
 
 @pytest.mark.parametrize("fallback_random", [False, True])
@@ -277,7 +277,7 @@ def test_a_hyperparameter_guarded_inside_aot_is_specialized_not_cached(fresh_dyn
     from torch._dynamo.utils import counters
 
     counters.clear()
-    stableguards.manager.reset()
+    stableguards.reset()
     opt, twin = _twins(torch.optim.Adam, 3, lr=0.01, foreach=True)
     step = torch.compile(lambda: opt.step(), backend="inductor")
     with torch._dynamo.config.patch(stable_guards=True), inductor_config.patch(fallback_random=fallback_random):
@@ -290,7 +290,7 @@ def test_a_hyperparameter_guarded_inside_aot_is_specialized_not_cached(fresh_dyn
                 o.param_groups[0]["betas"] = (0.9 - 0.01 * i, 0.999)
     graphs = counters["stats"]["unique_graphs"]
     # torch 2.15's decomposition pins the weight (specialized: a graph per beta1); 2.13's does not.
-    assert graphs <= 3 or fallback_random and stableguards.manager.counters["hyperparameters_specialized"] >= 1
+    assert graphs <= 3 or fallback_random and stableguards.EVENTS.counters["hyperparameters_specialized"] >= 1
 
 
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
@@ -333,7 +333,7 @@ def test_optimizer_state_and_graph_are_freed_without_reset(fresh_dynamo):
         del opt
         gc.collect()
         assert all(r() is None for r in dead)  # state freed although the graphs live
-        assert stableguards.manager.counters["optimizer_entries_released"] >= 1
+        assert stableguards.EVENTS.counters["optimizer_entries_released"] >= 1
         del held
         gc.collect()
         assert all(r() is None for r in graphs)
@@ -362,7 +362,7 @@ def test_rebuilt_optimizers_never_reach_the_recompile_limit(fresh_dynamo):
             _assert_same(holder["opt"], twin)
     # One compile of the step per optimizer: none ran eagerly for want of cache room.
     assert counters["stats"]["unique_graphs"] == 20, stableguards.explain()
-    assert stableguards.manager.counters["optimizer_entries_released"] >= 19
+    assert stableguards.EVENTS.counters["optimizer_entries_released"] >= 19
 
 
 def test_rebuilding_the_optimizer_leaves_no_fakes_behind(fresh_dynamo):
@@ -400,11 +400,11 @@ def test_rebuilding_the_optimizer_leaves_no_fakes_behind(fresh_dynamo):
 def test_flag_off_leaves_upstream_guards(fresh_dynamo):
     """Flag off, the step keeps upstream's guards: an identity check on every parameter and
     its exp_avg, exp_avg_sq and step, and no dict-version guard."""
-    stableguards.manager.reset()
+    stableguards.reset()
     n = 6
     guards = _run_adam(False, n=n)
     assert guards["DICT_VERSION"] == 0 and guards["ID_MATCH"] >= 4 * n, guards
-    assert stableguards.manager.counters["optimizer_state_dicts_versioned"] == 0
+    assert stableguards.EVENTS.counters["optimizer_state_dicts_versioned"] == 0
 
 
 def test_grad_strides_changing_under_inductor(fresh_dynamo):

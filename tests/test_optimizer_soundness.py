@@ -599,8 +599,8 @@ def test_a_profile_with_dynamic_weight_decay_under_aot_eager(twins):
     first time: tensorify could not lift ``alpha=weight_decay`` and restarted the
     analysis.  With the flag on the float is lifted (stableguards.hyperparams), no
     restart happens, and the step equals eager."""
-    from stableguards.hooks import profiles as integration
-    from stableguards.pgo.profile import FORMAT, VERSION, from_json
+    from stableguards.profiles import hooks as integration
+    from stableguards.profiles.profile import FORMAT, VERSION, from_json
 
     step = inspect.unwrap(torch.optim.SGD.step).__code__
     code = {"closure": None, "file_hash": torch._dynamo.pgo._hash_containing_file(step.co_filename),

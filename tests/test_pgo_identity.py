@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import types
 
-from stableguards.pgo.identity import closure_fingerprint, code_fingerprint, default_profile_key
+from stableguards.profiles.identity import closure_fingerprint, default_profile_key
 
 
 def make(helper):
@@ -30,10 +30,6 @@ def test_closures_are_told_apart_by_the_functions_they_close_over():
 
 def test_other_captured_values_are_not_identity():
     assert closure_fingerprint(make(1).__closure__) == closure_fingerprint(make(2).__closure__)
-
-
-def test_code_fingerprint_follows_the_code():
-    assert code_fingerprint(double.__code__) != code_fingerprint(triple.__code__)
 
 
 def _main_with(monkeypatch, argv, spec_name=None):
@@ -81,7 +77,7 @@ def test_default_key_of_a_module_or_session_separates_projects(monkeypatch, tmp_
 
 
 def test_project_root_is_the_nearest_directory_with_a_marker(tmp_path):
-    from stableguards.pgo.identity import project_root
+    from stableguards.profiles.identity import project_root
 
     start = tmp_path / "repo" / "a" / "b"
     start.mkdir(parents=True)

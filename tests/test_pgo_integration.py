@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from bench_programs import restart_child
 
-from stableguards.pgo.store import LocalStore
+from stableguards.profiles.store import LocalStore
 
 
 def run(workload: str, cache_dir: Path, **env: str) -> dict:
@@ -110,12 +110,13 @@ def test_an_internal_error_in_the_profile_path_falls_back(tmp_path, monkeypatch)
     import torch
     import torch._dynamo
 
-    from stableguards.hooks import STATE
+    from stableguards.events import EVENTS
+    from stableguards.profiles.state import STATE
 
     def broken(observed):
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(STATE.manager, "save_profile", broken)
+    monkeypatch.setattr(STATE, "save", broken)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     torch._dynamo.reset()
     with torch._dynamo.config.patch(stable_guards=True):
@@ -123,4 +124,4 @@ def test_an_internal_error_in_the_profile_path_falls_back(tmp_path, monkeypatch)
         assert torch.equal(f(torch.ones(3)), torch.ones(3) * 2)
         assert torch.equal(f(torch.ones(4)), torch.ones(4) * 2)
     torch._dynamo.reset()
-    assert STATE.warned("put_code_state (pgo)")
+    assert EVENTS.warned("put_code_state (profiles)")

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stableguards.pgo.profile import (
+from stableguards.profiles.profile import (
     DYNAMIC,
     UNSET,
     VARIED,
@@ -24,7 +24,7 @@ from stableguards.pgo.profile import (
     static,
     to_json,
 )
-from stableguards.pgo.session import handed_on
+from stableguards.profiles.session import handed_on
 
 dims = st.one_of(
     st.just(UNSET), st.just(VARIED), st.just(DYNAMIC),

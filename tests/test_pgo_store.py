@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from stableguards.pgo.profile import DYNAMIC, CodeKey, Profile, SourceEntry, specialized, static
-from stableguards.pgo.store import LocalStore, RedisStore, encode
+from stableguards.profiles.profile import DYNAMIC, CodeKey, Profile, SourceEntry, specialized, static
+from stableguards.profiles.store import LocalStore, RedisStore, encode
 
 CODE = CodeKey("0badc0de", 10, "f", None, "train.py")
 
@@ -265,7 +265,7 @@ def test_redis_that_never_answers_times_out(caplog):
 
 
 def test_redis_urls_are_shown_without_credentials():
-    from stableguards.pgo.store import redacted
+    from stableguards.profiles.store import redacted
 
     assert redacted("redis://user:s3cret@cache.internal:6380/2") == "redis://***@cache.internal:6380/2"
     assert redacted("rediss://:s3cret@[::1]/0") == "rediss://***@[::1]/0"
@@ -273,7 +273,7 @@ def test_redis_urls_are_shown_without_credentials():
 
 
 def test_tiers_read_the_first_that_has_a_profile_and_write_to_all(tmp_path):
-    from stableguards.pgo.store import TieredStore
+    from stableguards.profiles.store import TieredStore
 
     local, remote = LocalStore(tmp_path / "local"), LocalStore(tmp_path / "remote")
     tiers = TieredStore([local, remote])

@@ -90,7 +90,7 @@ def test_warm_start_traces_nothing_on_a_restart_where_torch_supports_it():
 
     from stableguards.hooks import STATE
 
-    if "precompile" not in STATE.installed:
+    if "warm_start" not in STATE.installed:
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     warm = restart_ab("seed", "inductor", "on", "unset")["warm"]
     assert warm["compiles"] == 0 and warm["matches_eager"], warm

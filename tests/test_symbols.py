@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stableguards.symbols import DEFAULT_ID_SPACE, allocate, home_slot
+from stableguards.symbols.ids import DEFAULT_ID_SPACE, allocate, home_slot
 
 names = st.text(min_size=1, max_size=40)
 unique_names = st.lists(names, min_size=1, max_size=200, unique=True)
@@ -81,7 +81,7 @@ def test_allocate_only_reads_taken():
 
 def test_ids_are_identical_across_processes_with_different_hash_seeds():
     script = (
-        "import json; from stableguards.symbols import allocate\n"
+        "import json; from stableguards.symbols.ids import allocate\n"
         "taken = set(); out = []\n"
         "for i in range(300):\n"
         "    a = allocate(f\"L['x{i}'].size()[0]\", taken, 500); taken.add(a.id); out.append(a.id)\n"

@@ -86,7 +86,7 @@ def _warm_start_available() -> bool:
 
     from stableguards.hooks import STATE
 
-    return "precompile" in STATE.installed
+    return "warm_start" in STATE.installed
 
 
 @pytest.mark.parametrize("batch_index", range(BATCHES))

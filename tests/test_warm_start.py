@@ -26,7 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from stableguards.warm_start import EntryKey, code_digest, config_digest, entry_key, stable_repr
+from stableguards.codes import code_digest
+from stableguards.components import Components, stable_repr
+from stableguards.warm_start.key import config_digest, entry_key
 
 CHILD = Path(__file__).resolve().parent / "_warm_start_child.py"
 
@@ -50,13 +52,13 @@ def test_key_names_what_torch_leaves_out_and_a_miss_names_the_component():
     base = dict(torch_key="t", fn=_f, backend="inductor #1", options={"dynamic": None},
                 configs={"inductor": {"a": 1}})
     key = entry_key(**base)
-    names = [name for name, _ in key.components]
+    names = [name for name, _ in key.items]
     assert names[:7] == ["torch_key", "module", "qualname", "file", "code", "receiver", "backend"]
     assert key == entry_key(**base) and key.digest == entry_key(**base).digest
     other = entry_key(**{**base, "backend": "inductor #2", "configs": {"inductor": {"a": 2}}})
     assert [d.split(":")[0] for d in key.differences(other)] == ["backend", "config.inductor"]
     assert entry_key(**{**base, "fn": _g}).digest != key.digest  # another body, another key
-    assert EntryKey.from_json(json.loads(json.dumps(key.as_json()))) == key
+    assert Components.from_json(json.loads(json.dumps(key.as_json()))) == key
 
 
 def test_a_shared_method_is_keyed_by_its_receivers_class():
@@ -73,7 +75,8 @@ def test_code_digest_and_config_repr_are_the_same_in_every_process():
     script = textwrap.dedent("""
         import sys
         sys.path.insert(0, %r)
-        from stableguards.warm_start import code_digest, stable_repr
+        from stableguards.codes import code_digest
+        from stableguards.components import stable_repr
         def f(x, k=3):
             return [y * k for y in x if y > {"a", "b"}.__len__()]
         print(code_digest(f.__code__), stable_repr({"s": {"x", "y", "z"}, "l": [1, 2.5]}))
@@ -120,7 +123,7 @@ def _make_pair(k):
 
 def test_a_local_functions_code_is_found_again_by_its_path():
     """Every function one ``def`` makes shares its code object: found by path, it is that object."""
-    from stableguards.warm_start import code_at, code_path
+    from stableguards.codes import code_at, code_path
 
     inner = _Outer().method()
     lam = next(c for c in inner.__code__.co_consts if isinstance(c, type(inner.__code__)))
@@ -138,7 +141,7 @@ def test_a_local_functions_code_is_found_again_by_its_path():
 
 def test_code_made_outside_its_def_has_no_path():
     """exec'd or replace()'d code is not the constant its path leads to."""
-    from stableguards.warm_start import code_path
+    from stableguards.codes import code_path
 
     replaced = _make_pair(1).__code__.replace(co_name="helper")
     assert code_path(replaced) is None
@@ -244,7 +247,7 @@ def _warm_start_available() -> bool:
 
     from stableguards.hooks import STATE
 
-    return "precompile" in STATE.installed
+    return "warm_start" in STATE.installed
 
 
 SEEDS = range(int(os.environ.get("STABLEGUARDS_WARM_CAMPAIGN_SEEDS", "1")))
@@ -289,10 +292,10 @@ def _restart_in_process() -> None:
     """What a new process would see: Dynamo's caches empty, nothing saved by this process."""
     import torch._dynamo
 
-    from stableguards.hooks import STATE
+    from stableguards.warm_start.state import STATE
 
     torch._dynamo.reset()
-    STATE.warm.forget_process()
+    STATE.forget_process()
 
 
 def test_a_corrupt_or_failing_entry_compiles_as_usual(tmp_path, monkeypatch, caplog):

@@ -1,11 +1,12 @@
-"""The hook layer: the only code that touches torch's private internals.
+"""The hook layer: how stableguards meets torch's private internals.
 
-One module per feature declares its seams in a table (``HOOKS``): symbols,
-profiles, backends, cache keys, optimizers, cudagraphs.  ``install`` applies
-the tables all-or-nothing per part, with feature detection (the hook point
-exists, the parameters a hook binds by name are there), and every hook runs
-through one fail-open wrapper (``stableguards.hooks.core``).  Process state
-lives on ``STATE`` (``stableguards.hooks.state``).
+Each feature's ``hooks`` module (``stableguards.<feature>.hooks``) declares
+its seams in a table (``HOOKS``); a seam several features need is owned by
+``hooks.seams``, which runs their steps.  ``install`` applies the tables
+all-or-nothing per part, with feature detection (the hook point exists, the
+parameters a hook binds by name are there), and every hook runs through one
+fail-open wrapper (``hooks.core``).  The layer's own state (installed seams,
+releases waiting for a safe point) lives on ``STATE`` (``hooks.state``).
 
 Nothing here imports ``torch._dynamo`` eagerly.  ``arm()`` runs at the end of
 ``import torch`` (through the ``torch.backends`` entry point) and on
@@ -25,12 +26,14 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from stableguards.hooks.core import FLAG, PARTS, Hook, HookDoesNotFit, apply, enabled, remove, remove_all
+from stableguards import registry
+from stableguards.events import EVENTS
+from stableguards.hooks.core import FLAG, Hook, HookDoesNotFit, apply, enabled, remove, remove_all
 from stableguards.hooks.state import STATE, mid_import
 
 log = logging.getLogger("stableguards")
 
-__all__ = ["ENV_VAR", "FLAG", "PARTS", "STATE", "arm", "enabled", "hook_tables", "install", "uninstall"]
+__all__ = ["ENV_VAR", "FLAG", "SHARED", "STATE", "arm", "enabled", "hook_tables", "install", "uninstall"]
 
 ENV_VAR = "TORCHDYNAMO_STABLE_GUARDS"
 # torch releases whose hook points this layer was tested against; another one gets
@@ -38,17 +41,39 @@ ENV_VAR = "TORCHDYNAMO_STABLE_GUARDS"
 TESTED_TORCH = ("2.13", "2.14", "2.15")
 UNTESTED_ENV_VAR = "STABLEGUARDS_UNTESTED_TORCH"
 LOG_ARTIFACT = "stableguards"
-# Parts built on machinery only the newest tested torch has (see each module's docstring).
-_NEEDS_NEWER_TORCH = ("precompile",)
+# The table of the shared seams' owners (hooks.seams): installed first, or nothing is.
+SHARED = "shared"
 
 
 def hook_tables() -> dict[str, list[Hook]]:
-    """Every declared hook, by part: where stableguards meets torch, in one place."""
-    from stableguards.hooks import backends, cache_keys, cudagraphs, optimizers, precompile, profiles, symbols
+    """Every declared hook: the shared seams' owners, then each part's, in the registry's order."""
+    from stableguards.hooks import seams
 
-    hooks = [*symbols.HOOKS, *profiles.HOOKS, *backends.HOOKS, *cache_keys.HOOKS, *optimizers.HOOKS,
-             *cudagraphs.HOOKS, *precompile.HOOKS]
-    return {part: [h for h in hooks if h.part == part] for part in PARTS}
+    return {SHARED: seams.HOOKS, **{part: registry.module(part, "hooks").HOOKS for part in registry.PARTS}}
+
+
+def hook_table() -> str:
+    """Every seam stableguards hooks, as a markdown table (``python -m stableguards hooks``;
+    docs/hooks.md holds its output): where, which part, and what the hook does there."""
+    from stableguards.hooks import seams
+
+    rows = ["| torch seam | part | what the hook does |", "|---|---|---|"]
+    for part, hooks in hook_tables().items():
+        for hook in hooks:
+            where = f"`{hook.module}.{hook.target}`" + (" (lazy)" if hook.lazy else "")
+            if part == SHARED:
+                steps = [s for s in seams.STEPS if s.seam == hook.target]
+                owner = "shared: " + ", ".join(f"{s.part} (`{s.name}`)" for s in steps) if steps else "shared"
+                rows.append(f"| {where} | {owner} | {_summary(hook.impl)} |")
+            else:
+                rows.append(f"| {where} | {part} | {_summary(hook.impl)} |")
+    return "\n".join(rows)
+
+
+def _summary(fn: Callable[..., Any]) -> str:
+    """The first sentence of a hook's docstring, on one line, cut at its first colon."""
+    doc = " ".join((inspect.getdoc(fn) or "").split())
+    return doc.split(". ")[0].split(": ")[0].rstrip(".").replace("|", "\\|")
 
 
 def arm() -> None:
@@ -66,7 +91,7 @@ def arm() -> None:
             _after_import("torch._dynamo", lambda _: install())
     except Exception as error:  # noqa: BLE001 - must not break `import torch`
         uninstall()
-        STATE.warn_once("arm", f"stableguards could not arm its hooks ({error!r}); it is inactive")
+        EVENTS.warn_once("arm", f"stableguards could not arm its hooks ({error!r}); it is inactive")
 
 
 def install() -> None:
@@ -75,16 +100,22 @@ def install() -> None:
     import torch._dynamo.config as dynamo_config
 
     _register_flag(dynamo_config)
-    if unknown := STATE.manager.disabled - set(PARTS):
-        STATE.warn_once("parts", f"STABLEGUARDS_DISABLE names {', '.join(sorted(unknown))}, which "
-                                 f"stableguards does not have; its parts are {', '.join(PARTS)}")
+    if registry.UNKNOWN_DISABLED:
+        EVENTS.warn_once("parts", f"{registry.DISABLE_ENV_VAR} names "
+                                  f"{', '.join(sorted(registry.UNKNOWN_DISABLED))}, which stableguards does "
+                                  f"not have; its parts are {', '.join(registry.PARTS)}")
     release = ".".join(torch.__version__.split(".")[:2])
     if release not in TESTED_TORCH and not os.environ.get(UNTESTED_ENV_VAR):
-        STATE.warn_once("version", f"stableguards is tested with torch {', '.join(TESTED_TORCH)}, not "
-                                   f"{torch.__version__}: torch._dynamo.config.{FLAG} is accepted but "
-                                   f"does nothing (set {UNTESTED_ENV_VAR}=1 to try its hooks anyway)")
+        EVENTS.warn_once("version", f"stableguards is tested with torch {', '.join(TESTED_TORCH)}, not "
+                                    f"{torch.__version__}: torch._dynamo.config.{FLAG} is accepted but "
+                                    f"does nothing (set {UNTESTED_ENV_VAR}=1 to try its hooks anyway)")
         return
-    for part, hooks in hook_tables().items():
+    tables = hook_tables()
+    if SHARED not in STATE.installed:
+        _install_part(SHARED, tables[SHARED])
+        if SHARED not in STATE.installed:
+            return
+    for part, hooks in tables.items():
         if part not in STATE.installed:
             _install_part(part, hooks)
     _attach_log_artifact()
@@ -124,12 +155,16 @@ def _install_later(part: str, hooks: list[Hook]) -> None:
 
 
 def _part_off(part: str, why: Exception) -> None:
+    if part == SHARED:
+        EVENTS.warn_once("shared seams", f"stableguards is inactive: the seams its parts share do not fit "
+                                         f"this torch ({why})")
+        return
     message = (f"stableguards part {part!r} stays off: its hook points do not fit this torch ({why}); "
                f"the other parts work as usual")
-    if part in _NEEDS_NEWER_TORCH:
+    if registry.feature(part).newest_torch_only:
         log.info(message)  # expected on older torch: not worth a warning on every run
     else:
-        STATE.warn_once(f"part {part}", message)
+        EVENTS.warn_once(f"part {part}", message)
 
 
 def uninstall() -> None:
@@ -169,8 +204,8 @@ def _attach_log_artifact() -> None:
     import torch._logging
 
     logger = torch._logging.getArtifactLogger("torch._dynamo.stableguards", LOG_ARTIFACT)
-    if not STATE.manager.listeners:
-        STATE.manager.listeners.append(logger.debug)
+    if not EVENTS.listeners:
+        EVENTS.listeners.append(logger.debug)
 
 
 def _after_import(module_name: str, install_hooks: Callable[[ModuleType], None]) -> None:
@@ -214,7 +249,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
                     callback(module)
             except Exception as error:  # noqa: BLE001 - never break the user's import
                 uninstall()  # an unexpected failure: all hooks or none
-                STATE.warn_once("install", f"stableguards could not install ({error!r}); it is inactive")
+                EVENTS.warn_once("install", f"stableguards could not install ({error!r}); it is inactive")
 
         spec.loader.exec_module = exec_then_callback  # type: ignore[method-assign]
         return spec

@@ -1,7 +1,8 @@
 """How a hook is declared, wrapped and installed: the one place that patches torch.
 
-Each feature module in this package declares its seams in a table, ``HOOKS``:
-a list of ``Hook`` (where, which part, what runs).  ``install`` applies the
+Each feature's ``hooks`` module declares its seams in a table, ``HOOKS``: a
+list of ``Hook`` (where, which part, what runs); a seam several features need
+has one owner, ``stableguards.hooks.seams``, whose hooks belong to no part.  ``install`` applies the
 tables all-or-nothing per part, after checking that every hook point exists
 and that the parameters a hook binds by name are there (feature detection:
 no version strings).  Every hook runs through ``_wrap``, which checks the flag
@@ -29,13 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stableguards.cudagraph_checks import StaticInputMoved
+from stableguards import registry
+from stableguards.cudagraphs.checks import StaticInputMoved
+from stableguards.events import EVENTS
 from stableguards.hooks.state import STATE
 
 log = logging.getLogger("stableguards")
 
 FLAG = "stable_guards"
-PARTS = ("symbols", "pgo", "backend", "keys", "optimizer", "cudagraphs", "precompile")
 # Raised on purpose, to the user: never a reason to fall back.
 _PASS_THROUGH = (StaticInputMoved,)
 
@@ -43,6 +45,10 @@ _PASS_THROUGH = (StaticInputMoved,)
 @dataclass(eq=False)  # compared by identity: a hook is one seam's one wrapper
 class Hook:
     """One seam: ``module.target`` (``"Class.method"`` or a function) runs ``impl``.
+
+    ``part`` is the feature it belongs to; None for a shared seam's owner
+    (``hooks.seams``), which runs while the flag is on and asks ``active`` for
+    each feature it serves.
 
     ``params`` are the parameter names ``impl`` binds by name; install checks
     that the hook point has them.  ``lazy`` hook points live in a module that
@@ -52,14 +58,14 @@ class Hook:
 
     module: str
     target: str
-    part: str
+    part: str | None
     impl: Callable[..., Any]
     params: tuple[str, ...] = ()
     lazy: bool = False
 
     @property
     def name(self) -> str:
-        return f"{self.target} ({self.part})"
+        return f"{self.target} ({self.part or 'shared'})"
 
 
 class HookDoesNotFit(Exception):
@@ -76,12 +82,17 @@ class TorchError(Exception):
         self.error = error
 
 
-def enabled(part: str) -> bool:
+def enabled(part: str | None) -> bool:
     """Whether the flag is on for this thread (config overrides are per thread) and
     ``part`` is not listed in STABLEGUARDS_DISABLE."""
     import torch._dynamo.config as dynamo_config
 
-    return bool(getattr(dynamo_config, FLAG, False)) and part not in STATE.manager.disabled
+    return bool(getattr(dynamo_config, FLAG, False)) and part not in registry.DISABLED
+
+
+def active(part: str) -> bool:
+    """Whether a shared seam's owner serves ``part`` now: enabled, and its hooks are in place."""
+    return part in STATE.installed and enabled(part)
 
 
 class _Original:
@@ -117,11 +128,31 @@ def _wrap(hook: Hook, original: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as error:
             if call.raised or _restarts(error):
                 raise  # torch's own exception, unchanged; or a deliberate restart
-            STATE.fell_back(hook.name, error)
+            EVENTS.fell_back(hook.name, error)
             return call.result if call.done else original(*args, **kwargs)
 
     hooked.__stableguards_hook__ = hook  # type: ignore[attr-defined]
     return hooked
+
+
+def run_step(step: Any, *args: Any, **kwargs: Any) -> Any:
+    """A feature's step at a shared seam (``hooks.seams``): run while its part is active; None
+    when it is not, or when it failed, which fails open as a hook does (one warning, a
+    counted fallback).  An exception torch raised inside it (an ``_Original`` among the
+    arguments that raised) or a deliberate one passes through."""
+    if not active(step.part):
+        return None
+    try:
+        return step.fn(*args, **kwargs)
+    except _PASS_THROUGH:
+        raise
+    except TorchError as deliberate:
+        raise deliberate.error from None
+    except Exception as error:
+        if _restarts(error) or any(isinstance(a, _Original) and a.raised for a in args):
+            raise
+        EVENTS.fell_back(f"{step.name} ({step.part})", error)
+        return None
 
 
 def _restarts(error: Exception) -> bool:

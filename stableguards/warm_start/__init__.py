@@ -1,23 +1,17 @@
-"""Warm start's plain logic: which saved entry a restarted process may use, and why.
+"""Warm start: a restarted process installs each frame as compiled, without tracing it again.
+
+Its policy is plain logic:
 
 * ``key``: the entry's identity, an ordered list of named components;
 * ``identity``: what an object is, told the same way in every process;
 * ``guard_rules``: the table from a live guard's kind to the saved check that
   proves as much in another process, and the comparison of two guard trees;
 * ``facts``: what Dynamo leaves unguarded inside one process but a restart
-  must check (module hooks, builtins a global shadows, constant functions).
+  must check (module hooks, builtins a global shadows, constant functions);
+* ``proof``: the facts saved with an entry, and the check a restart makes;
+* ``index``: the last key saved per function, so a miss can name what changed.
 
-``stableguards.hooks.precompile`` connects them to torch.
+``hooks`` connects them to torch's package machinery, ``torch_guards`` reads
+torch's guard trees, ``state`` and ``messages`` are its process state and what
+it tells the event log.
 """
-
-from stableguards.warm_start.key import (
-    EntryKey,
-    code_at,
-    code_digest,
-    code_path,
-    config_digest,
-    entry_key,
-    stable_repr,
-)
-
-__all__ = ["EntryKey", "code_at", "code_digest", "code_path", "config_digest", "entry_key", "stable_repr"]

@@ -36,8 +36,8 @@ import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from stableguards.components import stable_repr
 from stableguards.warm_start.guard_rules import Fact, Unprovable
-from stableguards.warm_start.key import stable_repr
 
 MODULE_HOOKS = "MODULE_HOOKS"
 GLOBAL_MODULE_HOOKS = "GLOBAL_MODULE_HOOKS"

@@ -40,12 +40,12 @@ from __future__ import annotations
 
 import enum
 import functools
-import hashlib
 import sys
 import types
 from typing import Any
 
-from stableguards.warm_start.key import code_digest
+from stableguards.codes import code_digest, qualified, resolve
+from stableguards.components import digest_text
 
 # Types whose repr is their whole value in every process, by qualified name.
 _BY_REPR = frozenset({
@@ -193,9 +193,9 @@ class Identities:
                     described = self._attribute(value)
                     if described is None:
                         return None
-                    methods.append(f"{_qualified(klass)}.{name}={described}")
-        mro = ",".join(_qualified(k) for k in cls.__mro__)
-        return f"class:{_qualified(cls)}#{_digest(f'{mro}:{methods}')}"
+                    methods.append(f"{qualified(klass)}.{name}={described}")
+        mro = ",".join(qualified(k) for k in cls.__mro__)
+        return f"class:{qualified(cls)}#{_digest(f'{mro}:{methods}')}"
 
     def _attribute(self, value: Any) -> str | None:
         """A function-like class attribute.  A C function a class holds as a static method
@@ -225,12 +225,13 @@ def module_of_globals(scope: dict) -> str | None:
 def _builtin(fn: types.BuiltinFunctionType) -> str | None:
     """A builtin function by where it is imported from: its qualname in its module, or
     its name (torch's functions live on a class but are exported by the module)."""
-    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    name = getattr(fn, "__module__", None) or ""
+    module = sys.modules.get(name)
     if module is None:
         return None
     for path in dict.fromkeys((fn.__qualname__, fn.__name__)):
         try:
-            if functools.reduce(getattr, path.split("."), module) is fn:
+            if resolve(name, path) is fn:
                 return f"builtin:{module.__name__}.{path}"
         except AttributeError:
             continue
@@ -239,25 +240,20 @@ def _builtin(fn: types.BuiltinFunctionType) -> str | None:
 
 def _importable(cls: type) -> bool:
     """Whether the class's module holds it under its qualname (a local class is not)."""
-    module = sys.modules.get(cls.__module__)
     try:
-        return functools.reduce(getattr, cls.__qualname__.split("."), module) is cls
-    except AttributeError:
+        return resolve(cls.__module__, cls.__qualname__) is cls
+    except (KeyError, AttributeError):
         return False
 
 
 def _digest(details: str) -> str:
     """Long descriptions (a class's methods, a closure) as a digest beside the object's name."""
-    return hashlib.sha256(details.encode()).hexdigest()[:32]
-
-
-def _qualified(obj: Any) -> str:
-    return f"{obj.__module__}.{obj.__qualname__}"
+    return digest_text(details)[:32]
 
 
 def _type_name(obj: Any) -> str:
-    return _qualified(type(obj))
+    return qualified(type(obj))
 
 
 def _label(obj: Any) -> str:
-    return _qualified(obj) if isinstance(obj, type) else _type_name(obj)
+    return qualified(obj) if isinstance(obj, type) else _type_name(obj)

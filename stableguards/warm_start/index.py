@@ -3,7 +3,7 @@
 One small file per function (its module, qualname and receiver class; a lambda's
 first line too, since lambdas share a qualname), holding the key's components.
 A warm process whose key finds no entry reads the file and diffs the two keys
-component by component (``EntryKey.differences``).
+component by component (``Components.differences``).
 """
 
 from __future__ import annotations
@@ -13,29 +13,29 @@ import json
 import types
 from pathlib import Path
 
-from stableguards.pgo.store import atomic_write
-from stableguards.warm_start.key import EntryKey
+from stableguards.components import Components
+from stableguards.files import atomic_write
 
 
-def index_path(directory: Path, key: EntryKey, code: types.CodeType) -> Path:
-    parts = dict(key.components)
+def index_path(directory: Path, key: Components, code: types.CodeType) -> Path:
+    parts = dict(key.items)
     name = f"{parts['module']}:{parts['qualname']}:{parts['receiver']}"
     if "<lambda>" in parts["qualname"]:
         name += f":{code.co_firstlineno}"
     return directory / f"{hashlib.sha256(name.encode()).hexdigest()[:32]}.json"
 
 
-def write_index(directory: Path, key: EntryKey, code: types.CodeType) -> None:
+def write_index(directory: Path, key: Components, code: types.CodeType) -> None:
     path = index_path(directory, key, code)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(key.as_json()).encode())
 
 
-def changed_components(directory: Path, key: EntryKey, code: types.CodeType) -> list[str] | None:
+def changed_components(directory: Path, key: Components, code: types.CodeType) -> list[str] | None:
     """How ``key`` differs from the last key saved for the same function; None when nothing
     was saved for it (a cold start: nothing to explain) or the keys are equal."""
     try:
-        saved = EntryKey.from_json(json.loads(index_path(directory, key, code).read_text()))
+        saved = Components.from_json(json.loads(index_path(directory, key, code).read_text()))
     except (OSError, ValueError):
         return None
     return key.differences(saved) if saved.digest != key.digest else None

@@ -1,7 +1,7 @@
 """Specialization-aware profiles: where Dynamo's automatic-dynamic state is read and written.
 
-The profile model, its merge and its stores are plain logic in
-``stableguards.pgo``; here torch's ``CodeState`` is converted to and from it,
+The profile model, its merge and its stores are plain logic beside this
+module; here torch's ``CodeState`` is converted to and from it,
 and the compile outcomes (which dimensions the compile specialized, and why)
 are recorded as each frame's guards are built.
 """
@@ -12,13 +12,14 @@ import os
 from collections import defaultdict
 from typing import Any
 
+from stableguards.events import EVENTS
 from stableguards.hooks.core import Hook, cache_subdir
-from stableguards.hooks.state import STATE
-from stableguards.pgo.identity import closure_fingerprint, default_profile_key
-from stableguards.pgo.profile import DYNAMIC, UNSET, CodeKey, Dim, Dims, Profile, SourceEntry
-from stableguards.pgo.profile import ProfileError, State, specialized, static
-from stableguards.pgo.session import handed_on
-from stableguards.pgo.store import LocalStore, NewerProfile, ProfileStore, RedisStore, TieredStore, decode, encode
+from stableguards.profiles.identity import closure_fingerprint, default_profile_key
+from stableguards.profiles.profile import DYNAMIC, UNSET, CodeKey, Dim, Dims, Profile, SourceEntry
+from stableguards.profiles.profile import ProfileError, State, specialized, static
+from stableguards.profiles.session import handed_on
+from stableguards.profiles.state import STATE
+from stableguards.profiles.store import LocalStore, NewerProfile, ProfileStore, RedisStore, TieredStore, decode, encode
 
 REDIS_ENV_VAR = "STABLEGUARDS_PGO_REDIS_URL"
 
@@ -34,6 +35,7 @@ def _make(call: Any, code: Any, closure: Any = None) -> Any:
 
 
 def _get_code_state(call: Any) -> Any:
+    """Dynamo's automatic-dynamic state, read from this process's profile."""
     import torch._dynamo.pgo as pgo
 
     if pgo._CODE_STATE is not None:
@@ -44,20 +46,19 @@ def _get_code_state(call: Any) -> Any:
 
 
 def _put_code_state(call: Any) -> None:
+    """Dynamo's automatic-dynamic state, merged with the compile outcomes into the profile."""
     # No session: the profile was read by torch (flag off then, or our read
     # failed), so torch writes it too.
-    if STATE.manager.profile is None:
+    if STATE.session is None:
         return call()
     _save_code_state()
     return None
 
 
-def _build_guards(call: Any, self: Any, code: Any, *args: Any, **kwargs: Any) -> Any:
-    """After a frame's guards are built, record what its compile specialized."""
-    guards = call(self, code, *args, **kwargs)
-    if STATE.manager.profile is not None:
-        _record_outcomes(code, self.tracer_output)
-    return guards
+def after_guards(code: Any, tracer_output: Any) -> None:
+    """A frame's guards are built (``hooks.seams``): record what its compile specialized."""
+    if STATE.session is not None:
+        _record_outcomes(code, tracer_output)
 
 
 def _set_replacement(call: Any, shape_env: Any, a: Any, tgt: Any, msg: str) -> None:
@@ -65,7 +66,7 @@ def _set_replacement(call: Any, shape_env: Any, a: Any, tgt: Any, msg: str) -> N
     before = shape_env._replacements_version_counter
     call(shape_env, a, tgt, msg)
     if shape_env._replacements_version_counter != before:
-        STATE.manager.note_replacement(shape_env, str(a), msg)
+        STATE.note_replacement(shape_env, str(a), msg)
 
 
 def profile_key(job_id: str | None = None) -> str | None:
@@ -74,7 +75,7 @@ def profile_key(job_id: str | None = None) -> str | None:
     ``job_id`` names another job's profile (torch's ``pgo_extra_read_key`` and
     ``pgo_extra_write_key``).  Otherwise TORCH_COMPILE_JOB_ID
     (torch.compiler.config.job_id) wins; without it the key names the entry
-    point (see stableguards.pgo.identity).  The rank and
+    point (see stableguards.profiles.identity).  The rank and
     torch.compiler.config.cache_key_tag are always part of it, as upstream.
     """
     import torch
@@ -108,7 +109,7 @@ def profile_store() -> ProfileStore | None:
         try:
             tiers.append(RedisStore(url))
         except ImportError:
-            STATE.warn_once("redis", f"{REDIS_ENV_VAR} is set but the redis package is not installed "
+            EVENTS.warn_once("redis", f"{REDIS_ENV_VAR} is set but the redis package is not installed "
                                      "(pip install 'stableguards[redis]'); compiling without it")
     elif dynamo_config.automatic_dynamic_local_pgo:
         tiers.append(LocalStore(cache_subdir("pgo")))
@@ -140,7 +141,7 @@ class TorchRemoteStore:
         try:
             data = self._cache.get(self.PREFIX + key)
         except Exception as error:  # noqa: BLE001 - a remote that fails is a remote that is not there
-            STATE.warn_once("remote pgo", f"torch's remote PGO cache failed to read ({error!r}); "
+            EVENTS.warn_once("remote pgo", f"torch's remote PGO cache failed to read ({error!r}); "
                                           "compiling without its profile")
             return None
         if data is None:
@@ -148,7 +149,7 @@ class TorchRemoteStore:
         try:
             profile = decode(data[self.FIELD].encode())
         except (KeyError, TypeError, AttributeError, ProfileError, NewerProfile) as error:
-            STATE.warn_once("remote pgo format", f"torch's remote PGO cache holds an unusable profile "
+            EVENTS.warn_once("remote pgo format", f"torch's remote PGO cache holds an unusable profile "
                                                  f"under {self.PREFIX}{key} ({error!r}); ignored")
             return None
         self._known[key] = profile
@@ -159,7 +160,7 @@ class TorchRemoteStore:
         try:
             self._cache.put(self.PREFIX + key, {self.FIELD: encode(merged).decode()})
         except Exception as error:  # noqa: BLE001
-            STATE.warn_once("remote pgo write", f"torch's remote PGO cache failed to write ({error!r})")
+            EVENTS.warn_once("remote pgo write", f"torch's remote PGO cache failed to write ({error!r})")
             return None
         self._known[key] = merged
         return merged
@@ -189,13 +190,12 @@ def _load_code_state() -> Any:
     state: Any = defaultdict(pgo.CodeState)
     key, store = profile_key(), profile_store()
     if key is None or store is None:
-        STATE.manager.profile = None
+        STATE.session = None
         return state
     _import_bundled(store, key)
     extra_read = getattr(torch.compiler.config, "pgo_extra_read_key", None)
     extra_write = getattr(torch.compiler.config, "pgo_extra_write_key", None)
-    profile = STATE.manager.open_profile(store, key, extra_read and profile_key(extra_read),
-                                         extra_write and profile_key(extra_write))
+    profile = STATE.open(store, key, extra_read and profile_key(extra_read), extra_write and profile_key(extra_write))
     if profile.frames:
         _record_artifact(profile)
     stale = 0
@@ -207,7 +207,7 @@ def _load_code_state() -> Any:
         for name, entry in sources.items():
             code_state.automatic_dynamic[name] = _to_frame_state(entry)
     if stale:
-        STATE.warn_once("stale", f"the PGO profile {store.describe(key)} names {stale} frame(s) whose "
+        EVENTS.warn_once("stale", f"the PGO profile {store.describe(key)} names {stale} frame(s) whose "
                                  "source file changed or is gone; they are ignored (and kept; "
                                  "`python -m stableguards pgo clear` removes the profile)")
     return state
@@ -222,8 +222,8 @@ def _save_code_state() -> None:
         _code_key(code_id): {name: _from_frame_state(e) for name, e in cs.automatic_dynamic.items()}
         for code_id, cs in pgo._CODE_STATE.items()
     })
-    if STATE.manager.save_profile(observed) and STATE.manager.profile is not None:
-        _record_artifact(STATE.manager.profile.known)
+    if STATE.save(observed) and STATE.session is not None:
+        _record_artifact(STATE.session.known)
 
 
 def _artifact_key() -> str | None:
@@ -263,7 +263,7 @@ def _import_bundled(store: ProfileStore, key: str) -> None:
         try:
             profile = decode(raw)
         except (ProfileError, NewerProfile) as error:
-            STATE.warn_once(f"bundled {path}", f"the PGO artifact loaded at {path} is unusable ({error}); "
+            EVENTS.warn_once(f"bundled {path}", f"the PGO artifact loaded at {path} is unusable ({error}); "
                                                "ignored")
             continue
         if store.merge_write(key, profile) is not None:
@@ -275,7 +275,7 @@ def _record_outcomes(code: Any, tracer_output: Any) -> None:
     import torch._dynamo.pgo as pgo
 
     output_graph = tracer_output.output_graph
-    if output_graph is None or STATE.manager.profile is None:
+    if output_graph is None or STATE.session is None:
         return
     shape_env = output_graph.shape_env
     code_key = _code_key(pgo.CodeId.make(code, tracer_output.closure))
@@ -284,16 +284,16 @@ def _record_outcomes(code: Any, tracer_output: Any) -> None:
         expr = sym.node._expr  # the symbol as created; .expr has replacements applied
         if not shape_env.replace(expr).is_number:
             return DYNAMIC
-        return specialized(*STATE.manager.replacement_reasons(shape_env, str(expr)))
+        return specialized(*STATE.replacement_reasons(shape_env, str(expr)))
 
     for tracked in output_graph.tracked_fakes or ():
         name, fake = tracked.source.name, tracked.fake
         if isinstance(fake, torch.Tensor):
             for i, size in enumerate(fake.size()):
                 if isinstance(size, torch.SymInt):
-                    STATE.manager.profile.record_outcome(code_key, name, ("size", i), outcome(size))
+                    STATE.session.record_outcome(code_key, name, ("size", i), outcome(size))
         elif isinstance(fake, (torch.SymInt, torch.SymFloat)):
-            STATE.manager.profile.record_outcome(code_key, name, ("scalar",), outcome(fake))
+            STATE.session.record_outcome(code_key, name, ("scalar",), outcome(fake))
 
 
 def _code_key(code_id: Any) -> CodeKey:
@@ -349,12 +349,10 @@ def _to_atom(dim: Dim) -> Any:
 
 HOOKS = [
     # Upstream identifies closures with hash(), which changes between processes.
-    Hook("torch._dynamo.pgo", "CodeId.make", "pgo", _make, params=("code", "closure")),
-    Hook("torch._dynamo.pgo", "get_code_state", "pgo", _get_code_state),
+    Hook("torch._dynamo.pgo", "CodeId.make", "profiles", _make, params=("code", "closure")),
+    Hook("torch._dynamo.pgo", "get_code_state", "profiles", _get_code_state),
     # convert_frame imported put_code_state by name: its copy is the one called.
-    Hook("torch._dynamo.convert_frame", "put_code_state", "pgo", _put_code_state),
-    Hook("torch._dynamo.convert_frame", "DynamoOutput.build_guards", "pgo", _build_guards,
-         params=("code",)),
-    Hook("torch.fx.experimental.symbolic_shapes", "ShapeEnv._set_replacement", "pgo", _set_replacement,
+    Hook("torch._dynamo.convert_frame", "put_code_state", "profiles", _put_code_state),
+    Hook("torch.fx.experimental.symbolic_shapes", "ShapeEnv._set_replacement", "profiles", _set_replacement,
          params=("a", "tgt", "msg")),
 ]

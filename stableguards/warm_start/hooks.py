@@ -10,11 +10,12 @@ With the flag on:
 * a compile for a backend whose code torch can serialize (inductor) gets a
   package of ours (``_optimize``); other compiles are torch's;
 * ``torch.compile(fn)`` looks the entry up under stableguards' key
-  (``warm_start.entry_key``: module, file, code hash, receiver class, backend
+  (``warm_start.key.entry_key``: module, file, code hash, receiver class, backend
   fingerprint, ``dynamic``, the Dynamo, inductor and functorch configurations)
-  and installs it (``_context_call``); entries are saved when compiled;
+  and installs it (``_context_call``); entries are saved when compiled
+  (``compile_frame``, run by ``hooks.seams`` when a frame starts compiling);
 * nothing is trusted that is not checked: an entry's guards are saved with
-  its proof (``_serialize_guards``, ``hooks.warm_proof``), checked by loading
+  its proof (``_serialize_guards``, ``warm_start.torch_guards``), checked by loading
   them back before the entry is saved, and again in the restarted process on
   the call the entry would serve first (``_serve_loaded``);
 * a load or install that fails falls back to a normal compile, with one warning;
@@ -38,24 +39,25 @@ import contextlib
 import dataclasses
 import functools
 import inspect
-import os
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from stableguards.hooks import warm_proof
+from stableguards.codes import code_at, code_path, frame_label
+from stableguards.components import Components
+from stableguards.events import EVENTS
 from stableguards.hooks.core import Hook, TorchError, cache_subdir, registered_name
-from stableguards.hooks.state import STATE
-from stableguards.warm_start import EntryKey, code_at, code_path, entry_key
-from stableguards.warm_start.index import changed_components, write_index
+from stableguards.warm_start import messages, torch_guards
 from stableguards.warm_start.guard_rules import Unprovable
+from stableguards.warm_start.index import changed_components, write_index
+from stableguards.warm_start.key import entry_key
+from stableguards.warm_start.state import STATE
 
 _PACKAGE = "torch._dynamo.package"
 _AUTOGRAD_CACHE = "torch._functorch._aot_autograd.autograd_cache"
-_WARM = STATE.warm  # this part's tables (hooks.state.WarmStartTables)
 # Bumped when what an entry holds changes meaning: older entries are then never found.
-_ENTRY_FORMAT = "2"
+_ENTRY_FORMAT = "3"
 
 
 @dataclasses.dataclass
@@ -65,7 +67,7 @@ class Ours:
 
     backend: str
     dynamic: Any
-    key: EntryKey | None = None
+    key: Components | None = None
     code: Any = None
 
 
@@ -88,13 +90,13 @@ def _optimize(call: Any, rebuild_ctx: Any, backend: Any = "inductor", *args: Any
         return call(rebuild_ctx, backend, *args, **kwargs)
     from torch._dynamo.package import CompilePackage
 
-    from stableguards.hooks.backends import backend_fingerprint
+    from stableguards.backends.hooks import backend_fingerprint
 
     fingerprint = backend_fingerprint(backend)
     if not fingerprint.stable:
         return call(rebuild_ctx, backend, *args, **kwargs)
     package = CompilePackage(fn=None, dynamo=None, ignore_inlined_sources=False)
-    _WARM.ours[package] = Ours(f"{fingerprint.description} #{fingerprint.digest}", kwargs.get("dynamic"))
+    STATE.ours[package] = Ours(f"{fingerprint.description} #{fingerprint.digest}", kwargs.get("dynamic"))
     return call(rebuild_ctx, backend, *args, **{**kwargs, "package": package})
 
 
@@ -111,7 +113,7 @@ def _context_call(call: Any, self: Any, fn: Any) -> Any:
     without a package, as it would with the flag off.
     """
     package = getattr(self, "_package", None)
-    ours = _WARM.ours.get(package) if package is not None else None
+    ours = STATE.ours.get(package) if package is not None else None
     if ours is None or package.is_initialized():
         return call(self, fn)
     target = _target(fn)
@@ -124,12 +126,12 @@ def _context_call(call: Any, self: Any, fn: Any) -> Any:
     # Warm start is for a restarted process.  An entry this process saved itself
     # is not loaded back (after torch._dynamo.reset(), say): torch's own caches
     # serve that compile, as without the flag.
-    entry = _load(key, code) if key.digest not in _WARM.saved_here else None
+    entry = _load(key, code) if key.digest not in STATE.saved_here else None
     _initialize(package, target, entry, code, key)
     return call(self, fn)
 
 
-def _load(key: EntryKey, code: Any) -> Any:
+def _load(key: Components, code: Any) -> Any:
     """The saved entry under ``key``, or None (nothing saved, or unreadable: one warning)."""
     path = _store_path(key.digest)
     if not path.exists():
@@ -138,13 +140,13 @@ def _load(key: EntryKey, code: Any) -> Any:
     try:
         return _store().load_cache_entry(key.digest)
     except Exception as error:  # noqa: BLE001 - a corrupt or foreign entry: compile as usual
-        STATE.warn_once("warm start load", f"stableguards: a saved compiled entry could not be read ({error!r:.200}); "
+        EVENTS.warn_once("warm start load", f"stableguards: a saved compiled entry could not be read ({error!r:.200}); "
                                            f"compiling as usual")
-        STATE.manager.note_warm_start_not_used(_frame_name(code), f"unreadable: {error!r:.200}")
+        messages.not_used(frame_label(code), f"unreadable: {error!r:.200}")
         return None
 
 
-def _initialize(package: Any, target: Any, entry: Any, code: Any, key: EntryKey) -> None:
+def _initialize(package: Any, target: Any, entry: Any, code: Any, key: Components) -> None:
     """Initialize ``package`` for ``target`` with the saved entry installed; on any failure,
     fresh (torch's own constructor resets a package that half-installed)."""
     if entry is not None:
@@ -154,43 +156,43 @@ def _initialize(package: Any, target: Any, entry: Any, code: Any, key: EntryKey)
         except Exception as error:  # noqa: BLE001 - changed sources, versions, a failed install
             with contextlib.suppress(Exception):
                 package.uninstall()
-            _WARM.drop_loaded(package)
+            STATE.drop_loaded(package)
             package.__init__(fn=None, dynamo=None, ignore_inlined_sources=False)
-            STATE.manager.note_warm_start_not_used(_frame_name(code), f"{error!r:.200}")
+            messages.not_used(frame_label(code), f"{error!r:.200}")
         else:
-            _WARM.installed[_WARM.by_code(code)] = (key.digest, weakref.ref(package))
-            STATE.manager.note_warm_start_loaded(_frame_name(code))
+            STATE.installed[STATE.by_code(code)] = (key.digest, weakref.ref(package))
+            messages.loaded(frame_label(code))
             return
     package.initialize(target, None, ignore_inlined_sources=False)
 
 
 def _install(package: Any, backends: Any) -> None:
     """Install a package's entries (``_keep_loaded`` receives each).  A failure warns once."""
-    token = _WARM.installing.set(package)
+    token = STATE.installing.set(package)
     try:
         package.install(backends)
     except Exception as error:
-        STATE.warn_once("warm start install", f"stableguards: a saved compiled entry could not be installed "
+        EVENTS.warn_once("warm start install", f"stableguards: a saved compiled entry could not be installed "
                                               f"({error!r}); compiling as usual")
         raise
     finally:
-        _WARM.installing.reset(token)
+        STATE.installing.reset(token)
 
 
 def _claim(code: Any, digest: str | None) -> bool:
     """Record a compiled context for ``code``; whether it may load and save entries."""
     mine = digest or "other"
-    row = _WARM.by_code(code)
-    installed = _WARM.installed.get(row)
+    row = STATE.by_code(code)
+    installed = STATE.installed.get(row)
     if installed is not None and installed[0] != mine:
         package = installed[1]()
         if package is not None:
             package.uninstall()
-        del _WARM.installed[row]
-        STATE.manager.note_warm_start_left_out(
-            _frame_name(code), "its installed entry was removed: another compiled context (backend, options "
+        del STATE.installed[row]
+        messages.left_out(
+            frame_label(code), "its installed entry was removed: another compiled context (backend, options "
                                "or receiver class) runs the same code in this process")
-    seen = _WARM.contexts.setdefault(row, set())
+    seen = STATE.contexts.setdefault(row, set())
     others = seen - {mine}
     seen.add(mine)
     return digest is not None and not others
@@ -204,12 +206,12 @@ def _target(fn: Any) -> Any:
     return innermost_fn(fn.forward if isinstance(fn, torch.nn.Module) else fn)
 
 
-def _key_for(ours: Ours, target: Any) -> EntryKey:
+def _key_for(ours: Ours, target: Any) -> Components:
     from torch._dynamo.package import CompilePackage
 
     key = entry_key(torch_key=CompilePackage.source_id_from_fn(target), fn=target, backend=ours.backend,
                     options={"dynamic": ours.dynamic}, configs=_configs())
-    return EntryKey((("format", _ENTRY_FORMAT), *key.components))
+    return Components((("format", _ENTRY_FORMAT), *key.items))
 
 
 def _configs() -> dict[str, dict[str, Any]]:
@@ -259,11 +261,11 @@ class LoadedProof:
 
 def _refusal(guard_manager: Any, f_locals: dict) -> str | None:
     """Why a loaded entry whose guards passed on this call may not serve it: its tree, written
-    on this call, does not prove what the cold one did (``hooks.warm_proof.verify``)."""
+    on this call, does not prove what the cold one did (``hooks.torch_guards.verify``)."""
     loaded = getattr(guard_manager, "stableguards", None)
     if loaded is None:
         return "it was loaded without its proof"
-    return warm_proof.verify(loaded.proof, guard_manager, loaded.guards_state, f_locals, loaded.f_globals)
+    return torch_guards.verify(loaded.proof, guard_manager, loaded.guards_state, f_locals, loaded.f_globals)
 
 
 def _keep_loaded(call: Any, code: Any, guard_manager: Any, dynamo_code: Any) -> None:
@@ -278,7 +280,7 @@ def _keep_loaded(call: Any, code: Any, guard_manager: Any, dynamo_code: Any) -> 
     is an entry like a traced one, moved to the front when it passes and
     checked only for its own backend.
     """
-    package = _WARM.installing.get()
+    package = STATE.installing.get()
     if package is None:
         return call(code, guard_manager, dynamo_code)
     if not _misses_compile():
@@ -289,7 +291,7 @@ def _keep_loaded(call: Any, code: Any, guard_manager: Any, dynamo_code: Any) -> 
     # torch installs entries in compile order; Dynamo's own cache tries the newest first
     # (the dynamic one automatic dynamic shapes led to), and so do these.  Each entry's
     # guards decide alone whether it may serve, so any order is sound.
-    _WARM.loaded.setdefault(_WARM.by_code(code), []).insert(0, entry)
+    STATE.loaded.setdefault(STATE.by_code(code), []).insert(0, entry)
     return None
 
 
@@ -299,14 +301,14 @@ def _proven_on_first_pass(code: Any, guard_manager: Any) -> Any:
     by an epilogue guard, which runs once every other guard has passed, on the first
     call that passes them; after that it answers from memory."""
     outcome: list[bool] = []
-    frame = _frame_name(code)
+    frame = frame_label(code)
 
     def proven(f_locals: dict) -> bool:
         if not outcome:
             why = _refusal(guard_manager, f_locals)
             outcome.append(why is None)
             if why is not None:
-                STATE.manager.note_warm_start_not_used(frame, why)
+                messages.not_used(frame, why)
         return outcome[0]
 
     guard_manager.root.add_epilogue_lambda_guard(proven, ["stableguards: the warm-start entry's proof holds"],
@@ -326,7 +328,7 @@ def _serve_loaded(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -
     Only the compiled context that loaded it (its package) is served, so
     another backend compiling the same code compiles its own.  Nothing is
     traced, and no frame is counted."""
-    rows = _WARM.loaded.get(_WARM.by_code(frame.f_code)) if _WARM.loaded else None
+    rows = STATE.loaded.get(STATE.by_code(frame.f_code)) if STATE.loaded else None
     if rows:
         package = getattr(getattr(self, "_inner_convert", None), "_package", None)
         for entry in list(rows):
@@ -336,16 +338,16 @@ def _serve_loaded(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -
             if why is None:
                 return _admit(frame.f_code, entry)
             _drop(frame.f_code, entry)
-            STATE.manager.note_warm_start_not_used(_frame_name(frame.f_code), why)
+            messages.not_used(frame_label(frame.f_code), why)
     return call(self, frame, *args, **kwargs)
 
 
 def _drop(code: Any, entry: LoadedEntry) -> None:
-    rows = _WARM.loaded.get(_WARM.by_code(code), [])
+    rows = STATE.loaded.get(STATE.by_code(code), [])
     with contextlib.suppress(ValueError):  # another thread took it first
         rows.remove(entry)
     if not rows:
-        _WARM.loaded.pop(_WARM.by_code(code), None)
+        STATE.loaded.pop(STATE.by_code(code), None)
 
 
 def _admit(code: Any, entry: LoadedEntry) -> Any:
@@ -361,14 +363,20 @@ def _admit(code: Any, entry: LoadedEntry) -> Any:
 
 
 def _uninstall(call: Any, self: Any) -> None:
+    """A package uninstalled: its loaded entries still waiting go too."""
     call(self)
-    _WARM.drop_loaded(self)
+    STATE.drop_loaded(self)
+
+
+def _bypass_current_compile(call: Any, *args: Any, **kwargs: Any) -> None:
+    """Feature detection only: torch's per-compile bypass exists (see the module docstring)."""
+    return call(*args, **kwargs)
 
 
 def _reset_code_caches(call: Any) -> None:
     """torch._dynamo.reset() drops Dynamo's cache entries: the loaded ones waiting too."""
     call()
-    _WARM.drop_loaded()
+    STATE.drop_loaded()
 
 
 def _misses_compile() -> bool:
@@ -385,10 +393,10 @@ def _set_stance(call: Any, stance: Any) -> Any:
     the loaded entries still waiting go to torch's precompiled list, which Dynamo
     checks before anything else: as torch installs them."""
     prior = call(stance)
-    if not _misses_compile() and _WARM.loaded:
+    if not _misses_compile() and STATE.loaded:
         from torch._C._dynamo.eval_frame import _load_precompile_entry
 
-        rows, _WARM.loaded = _WARM.loaded, {}
+        rows, STATE.loaded = STATE.loaded, {}
         for (_, code), entries in rows.items():
             for entry in entries:
                 if entry.package() is not None:
@@ -396,8 +404,9 @@ def _set_stance(call: Any, stance: Any) -> Any:
     return prior
 
 
-def _convert_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
-    """Compile a frame for our package, then save its entry: every compile, not only on request.
+def compile_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
+    """A frame starts compiling (``hooks.seams``): compile it for our package, then save its
+    entry: every compile, not only on request.
 
     A compile that fails with our package in the way (bundling, guard saving)
     is compiled again without it, once; the function goes on without a package.
@@ -405,16 +414,16 @@ def _convert_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) 
     twice; a failure torch raises on purpose (a strict cache's bypass) or
     Dynamo's control flow is not retried."""
     package = getattr(self, "_package", None)
-    ours = _WARM.ours.get(package) if package is not None else None
+    ours = STATE.ours.get(package) if package is not None else None
     if ours is None or ours.key is None or not package.is_initialized():
         if ours is not None:
             # Never initialized by torch.compile(fn) (a context used as a decorator or
             # a `with` block): torch would fail on it, so this compile goes without.
             self._package = None
         return call(self, frame, *args, **kwargs)
-    frame_name = _frame_name(frame.f_code)
-    tokens = [(_WARM.frame, _WARM.frame.set(frame_name)), (_WARM.bundling, _WARM.bundling.set(True)),
-              (_WARM.traced, _WARM.traced.set(warm_proof.Traced()))]
+    frame_name = frame_label(frame.f_code)
+    tokens = [(STATE.frame, STATE.frame.set(frame_name)), (STATE.bundling, STATE.bundling.set(True)),
+              (STATE.traced, STATE.traced.set(torch_guards.Traced()))]
     try:
         result = call(self, frame, *args, **kwargs)
     except Exception as error:
@@ -428,9 +437,9 @@ def _convert_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) 
             var.reset(token)
     if failure is not None:
         self._package = None
-        STATE.fell_back("warm start compile", failure)
-        STATE.manager.note_warm_start_left_out(frame_name, f"compiling it for a saved entry failed "
-                                                           f"({failure!r:.200}); compiled again without")
+        EVENTS.fell_back("warm start compile", failure)
+        messages.left_out(frame_name, f"compiling it for a saved entry failed ({failure!r:.200}); compiled "
+                                      f"again without")
         return call.fn(self, frame, *args, **kwargs)
     _save(package, ours, frame_name)
     return result
@@ -461,17 +470,17 @@ def _save(package: Any, ours: Ours, frame: str) -> None:
     entry = package.cache_entry()
     if not any(code.guarded_codes for code in entry.codes):
         return
-    if unsaveable := [_WARM.unsaveable[bid] for bid in entry.backend_ids if bid in _WARM.unsaveable]:
-        _WARM.pending.pop(package, None)
-        STATE.manager.note_warm_start_left_out(frame, f"a backward compiled on first use cannot be saved: "
+    if unsaveable := [STATE.unsaveable[bid] for bid in entry.backend_ids if bid in STATE.unsaveable]:
+        STATE.pending.pop(package, None)
+        messages.left_out(frame, f"a backward compiled on first use cannot be saved: "
                                                       f"{unsaveable[0]}")
         return
     if any(PrecompileContext.serialize_artifact_by_key(bid) is None for bid in entry.backend_ids):
         # A training graph's AOTAutograd entry exists once its backward has
         # compiled, on first use: saved then (_record_artifact).
-        if package not in _WARM.pending:
-            STATE.manager.note_warm_start_pending(frame)
-        _WARM.pending[package] = frame
+        if package not in STATE.pending:
+            messages.pending(frame)
+        STATE.pending[package] = frame
         return
     try:
         # Written to our store only: torch's mega-cache (save_cache_artifacts) records
@@ -479,11 +488,11 @@ def _save(package: Any, ours: Ours, frame: str) -> None:
         with CacheArtifactManager.with_fresh_cache():
             _store().save_cache_entry(entry, ours.key.digest)
     except RuntimeError as error:
-        STATE.manager.note_warm_start_left_out(frame, f"not saved ({error})")
+        messages.left_out(frame, f"not saved ({error})")
         return
-    _WARM.pending.pop(package, None)
-    STATE.manager.note_warm_start_saved()
-    _WARM.saved_here.add(ours.key.digest)
+    STATE.pending.pop(package, None)
+    messages.saved()
+    STATE.saved_here.add(ours.key.digest)
     write_index(cache_subdir("warm_start"), ours.key, ours.code)
 
 
@@ -491,22 +500,22 @@ def _record_artifact(call: Any, cls: Any, artifact: Any) -> None:
     """A graph's compiled artifact arrived (a backward, compiled on first use): save the
     packages that waited for one."""
     call(cls, artifact)
-    for package, frame in list(_WARM.pending.items()):
-        _save(package, _WARM.ours[package], frame)
+    for package, frame in list(STATE.pending.items()):
+        _save(package, STATE.ours[package], frame)
 
 
 def _bundle_autograd_entries(call: Any) -> bool:
     """AOTAutograd entries of ours are bundled (self-contained): a package saves its graphs
     from them.  Any other compile bundles as the user's settings say."""
-    return _WARM.bundling.get() or call()
+    return STATE.bundling.get() or call()
 
 
 def _compile_backward(call: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     """A backward compiled on first use, for a graph of ours: its entry is bundled too."""
     backend_id = getattr(self.aot_config, "precompile_backend_id", None)
-    if backend_id not in _WARM.backend_ids:
+    if backend_id not in STATE.backend_ids:
         return call(self, *args, **kwargs)
-    tokens = [(_WARM.bundling, _WARM.bundling.set(True)), (_WARM.backward_of, _WARM.backward_of.set(backend_id))]
+    tokens = [(STATE.bundling, STATE.bundling.set(True)), (STATE.backward_of, STATE.backward_of.set(backend_id))]
     try:
         return call(self, *args, **kwargs)
     finally:
@@ -519,13 +528,13 @@ def _save_aot_entry(call: Any, *compiled_fns: Any) -> bool:
     code; for a graph with nothing to compute inductor returns the graph itself, which
     bundling cannot hold (torch 2.15 fails the compile: "expected OutputCode").  Such a
     graph of ours is saved as the user's settings say, and left out of its entry."""
-    if not _WARM.bundling.get() or all(_is_output_code(fn) for fn in compiled_fns if fn is not None):
+    if not STATE.bundling.get() or all(_is_output_code(fn) for fn in compiled_fns if fn is not None):
         return call(*compiled_fns)
-    token = _WARM.bundling.set(False)
+    token = STATE.bundling.set(False)
     try:
         saved = call(*compiled_fns)
     finally:
-        _WARM.bundling.reset(token)
+        STATE.bundling.reset(token)
     _leave_out("inductor returned a graph with nothing to compute as it is: there is no compiled code to save")
     return saved
 
@@ -541,9 +550,9 @@ def _is_output_code(fn: Any) -> bool:
 def _leave_out(reason: str) -> None:
     """Leave the graph being compiled out of our package: the frame's compile (torch's
     per-compile bypass), or the function whose backward this is."""
-    backward_of = _WARM.backward_of.get()
+    backward_of = STATE.backward_of.get()
     if backward_of is not None:
-        _WARM.unsaveable[backward_of] = reason
+        STATE.unsaveable[backward_of] = reason
         return
     from torch._dynamo.symbolic_convert import InstructionTranslator
 
@@ -566,7 +575,7 @@ def _count_bundled_hit(call: Any, self: Any, example_inputs: Any) -> Any:
     reads the graph from the FX-graph cache and counts it there (the counter and
     the compile event), and users read them to see how much a cache saved."""
     result = call(self, example_inputs)
-    if _WARM.bundling.get() and not _user_bundles():
+    if STATE.bundling.get() and not _user_bundles():
         from torch._dynamo.utils import CompileEventLogger, counters
 
         counters["inductor"]["fxgraph_cache_hit"] += 1
@@ -577,13 +586,13 @@ def _count_bundled_hit(call: Any, self: Any, example_inputs: Any) -> Any:
 def _load_compiled_graph(call: Any, self: Any, constants: Any) -> Any:
     """Load a cached inductor graph for one of our entries without preparing to compile C++
     (see _precompile_header)."""
-    if _WARM.installing.get() is None:
+    if STATE.installing.get() is None:
         return call(self, constants)
-    token = _WARM.loading_compiled.set(True)
+    token = STATE.loading_compiled.set(True)
     try:
         return call(self, constants)
     finally:
-        _WARM.loading_compiled.reset(token)
+        STATE.loading_compiled.reset(token)
 
 
 def _precompile_header(call: Any, header: str, hashable_cmd_line: str, **compile_command: Any) -> str | None:
@@ -597,7 +606,7 @@ def _precompile_header(call: Any, header: str, hashable_cmd_line: str, **compile
     goes without one; a kernel missing from disk then compiles without a
     precompiled header: the same binary, more slowly.
     """
-    if _WARM.loading_compiled.get():
+    if STATE.loading_compiled.get():
         return None
     return call(header, hashable_cmd_line, **compile_command)
 
@@ -605,13 +614,13 @@ def _precompile_header(call: Any, header: str, hashable_cmd_line: str, **compile
 def _add_backend_id(call: Any, self: Any, backend_id: str, *args: Any, **kwargs: Any) -> None:
     """A graph compiled for one of our packages: its backend id marks it ours wherever it
     compiles more (a backward on first use, a specialization at call time)."""
-    if self in _WARM.ours:
-        _WARM.backend_ids.add(backend_id)
+    if self in STATE.ours:
+        STATE.backend_ids.add(backend_id)
     return call(self, backend_id, *args, **kwargs)
 
 
 def _ours(backend_id: str | None) -> bool:
-    return backend_id is not None and (_WARM.frame.get() is not None or backend_id in _WARM.backend_ids)
+    return backend_id is not None and (STATE.frame.get() is not None or backend_id in STATE.backend_ids)
 
 
 @contextlib.contextmanager
@@ -646,10 +655,10 @@ def _reduce_aot_config(call: Any, self: Any, aot_config: Any) -> Any:
 def _bypass_package(call: Any, self: Any, reason: str = "", **kwargs: Any) -> None:
     """A compile left out of one of our packages: named in explain() rather than in torch's
     warning, and never an error (``strict_precompile`` is about the user's packages)."""
-    frame = _WARM.frame.get()
-    if frame is None or self.package is None or self.package not in _WARM.ours:
+    frame = STATE.frame.get()
+    if frame is None or self.package is None or self.package not in STATE.ours:
         return call(self, reason, **kwargs)
-    STATE.manager.note_warm_start_left_out(frame, reason)
+    messages.left_out(frame, reason)
     self.package.bypass_current_compile()
     self.package = None
 
@@ -667,12 +676,12 @@ def _serialize_guards(call: Any, self: Any, builder: Any, sorted_guards: list, o
     check against the object of that name *there*.  That alone proves nothing
     about the object the cold compile saw; what does is the entry's proof:
 
-    * the live tree's facts (``warm_proof.live_proof``): each leaf guard in
+    * the live tree's facts (``torch_guards.live_proof``): each leaf guard in
       words that mean the same in every process, identities included, and the
       facts Dynamo left unguarded.  A guard with no such words (no rule, an
       object with no identity) leaves the entry out, named;
     * the saved guards are loaded back here and must prove every fact and
-      pass on the compiled call (``warm_proof.round_trip``), or the entry is
+      pass on the compiled call (``torch_guards.round_trip``), or the entry is
       left out, naming the guard;
     * the proof is saved with the guards; a restarted process checks the tree
       it loaded against it before the entry serves a call (``_serve_loaded``).
@@ -681,7 +690,7 @@ def _serialize_guards(call: Any, self: Any, builder: Any, sorted_guards: list, o
     package (``bypass_package``), and explain() says why.  Other packages'
     guards are torch's.
     """
-    if _WARM.frame.get() is None:
+    if STATE.frame.get() is None:
         return call(self, builder, sorted_guards, output_graph)
     import dataclasses
 
@@ -695,15 +704,15 @@ def _serialize_guards(call: Any, self: Any, builder: Any, sorted_guards: list, o
             guard = dataclasses.replace(guard, create_fn=replacement, guard_types=None)
         saved.append(guard)
     try:
-        proof = warm_proof.live_proof(self.guard_manager, builder, sorted_guards, output_graph,
-                                      _WARM.traced.get() or warm_proof.Traced())
+        proof = torch_guards.live_proof(self.guard_manager, builder, sorted_guards, output_graph,
+                                      STATE.traced.get() or torch_guards.Traced())
     except Unprovable as why:
         raise TorchError(PackageError(f"stableguards cannot prove it in another process: {why}")) from None
-    token = _WARM.proof.set(proof)
+    token = STATE.proof.set(proof)
     try:
         saved_state = call(self, builder, saved, output_graph)
     finally:
-        _WARM.proof.reset(token)
+        STATE.proof.reset(token)
     why = _round_trip(proof, saved_state, builder.f_code, output_graph)
     if why is not None:
         raise TorchError(PackageError(f"stableguards: the saved guards do not prove what the live ones do: {why}"))
@@ -714,20 +723,18 @@ def _round_trip(proof: Any, saved_state: bytes, code: Any, output_graph: Any) ->
     """Load the saved guards back, as a restarted process will, and compare (same process)."""
     from torch._dynamo.package import load_guard_manager, load_guards_state
 
-    from stableguards.hooks import warm_proof
-
     state = load_guards_state(saved_state)
-    token = _WARM.checking.set(True)
+    token = STATE.checking.set(True)
     try:
         loaded = load_guard_manager(state, code, output_graph.global_scope)
     finally:
-        _WARM.checking.reset(token)
-    return warm_proof.round_trip(proof, loaded, state, output_graph)
+        STATE.checking.reset(token)
+    return torch_guards.round_trip(proof, loaded, state, output_graph)
 
 
 def _pickle_guards_state(call: Any, state: Any, builder: Any) -> bytes:
     """The entry's proof goes into the saved guard state (``_serialize_guards``)."""
-    proof = _WARM.proof.get()
+    proof = STATE.proof.get()
     if proof is not None:
         state.stableguards_proof = proof.to_state()
     return call(state, builder)
@@ -743,7 +750,7 @@ def _load_guard_manager(call: Any, guards_state: Any, target_code: Any, runtime_
     active"; built under the same state, the loaded guards check each call for
     that (a warm ``torch.compile`` inside a ``saved_tensors_hooks`` context would
     otherwise build "these hooks", by id).  Only our own entries are touched."""
-    if _WARM.installing.get() is None and not _WARM.checking.get():
+    if STATE.installing.get() is None and not STATE.checking.get():
         return call(guards_state, target_code, runtime_global_scope)
     from stableguards.warm_start.proof import Proof
 
@@ -778,13 +785,13 @@ def _cold_ambient_state(device: Any) -> Iterator[None]:
 def _record_constant(call: Any, tx: Any, fn: Any, name: str, args: Any, kwargs: Any) -> Any:
     """An ``assume_constant_result`` function called while tracing for a saved entry: its
     result is a fact of the entry (``warm_start.facts.CONSTANT_RESULT``)."""
-    traced = _WARM.traced.get()
+    traced = STATE.traced.get()
     if traced is None:
         return call(tx, fn, name, args, kwargs)
 
     def recorded(*a: Any, **k: Any) -> Any:
         result = fn(*a, **k)
-        traced.constants.append(warm_proof.ConstantCall(fn, a, k, result))
+        traced.constants.append(torch_guards.ConstantCall(fn, a, k, result))
         return result
 
     return call(tx, recorded, name, args, kwargs)
@@ -793,7 +800,7 @@ def _record_constant(call: Any, tx: Any, fn: Any, name: str, args: Any, kwargs: 
 def _record_inlined(call: Any, self: Any, *args: Any, **kwargs: Any) -> None:
     """A function inlined while tracing for a saved entry, with the globals it reads (the
     builtins it reads must not be shadowed there in a restarted process)."""
-    traced = _WARM.traced.get()
+    traced = STATE.traced.get()
     if traced is not None:
         bound = _signature(call.fn).bind(self, *args, **kwargs).arguments
         traced.inline(bound["code"], bound["funcvar"].get_globals(), bound["symbolic_locals"])
@@ -815,7 +822,7 @@ def _reduce_code(call: Any, self: Any, obj: Any) -> Any:
     Other packages' guards are pickled as torch pickles them."""
     import types
 
-    if isinstance(obj, types.CodeType) and _WARM.frame.get() is not None:
+    if isinstance(obj, types.CodeType) and STATE.frame.get() is not None:
         path = code_path(obj)
         if path is not None:
             return code_at, path
@@ -864,64 +871,57 @@ _REPLACEMENTS = {"MODULE_MATCH": MODULE_BY_NAME, "CLASS_MATCH": CLASS_BY_NAME, "
 _ID_CHECKS = {"MODULE_MATCH": ("ID_MATCH",), "CLASS_MATCH": ("ID_MATCH",), "FUNCTION_MATCH": ("ID_MATCH",)}
 
 
-def _explain_miss(code: Any, key: EntryKey) -> None:
+def _explain_miss(code: Any, key: Components) -> None:
     differences = changed_components(cache_subdir("warm_start"), key, code)
     if differences:
-        STATE.manager.note_warm_start_miss(_frame_name(code), differences)
-
-
-def _frame_name(code: Any) -> str:
-    return f"{code.co_name} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
+        messages.missed(frame_label(code), differences)
 
 
 HOOKS = [
-    Hook("torch._dynamo.eval_frame", "_optimize", "precompile", _optimize, params=("backend", "package")),
-    Hook("torch._dynamo.eval_frame", "_TorchDynamoContext.__call__", "precompile", _context_call,
+    Hook("torch._dynamo.eval_frame", "_optimize", "warm_start", _optimize, params=("backend", "package")),
+    Hook("torch._dynamo.eval_frame", "_TorchDynamoContext.__call__", "warm_start", _context_call,
          params=("fn",)),
-    Hook(_PACKAGE, "CompilePackage.uninstall", "precompile", _uninstall),
-    Hook("torch._C._dynamo.eval_frame", "_load_precompile_entry", "precompile", _keep_loaded),
-    Hook("torch._dynamo.convert_frame", "ConvertFrame.__call__", "precompile", _serve_loaded, params=("frame",)),
-    Hook("torch._dynamo", "reset_code_caches", "precompile", _reset_code_caches),
-    Hook("torch._dynamo.decorators", "_set_stance", "precompile", _set_stance, params=("stance",)),
-    # Feature detection only: per-compile bypass (see the module docstring).
-    Hook(_PACKAGE, "CompilePackage.bypass_current_compile", "precompile", lambda call, *a, **k: call(*a, **k)),
-    Hook("torch._dynamo.convert_frame", "ConvertFrameAssert.__call__", "precompile", _convert_frame,
-         params=("frame",)),
-    Hook("torch._dynamo.output_graph", "OutputGraph.bypass_package", "precompile", _bypass_package,
+    Hook(_PACKAGE, "CompilePackage.uninstall", "warm_start", _uninstall),
+    Hook("torch._C._dynamo.eval_frame", "_load_precompile_entry", "warm_start", _keep_loaded),
+    Hook("torch._dynamo.convert_frame", "ConvertFrame.__call__", "warm_start", _serve_loaded, params=("frame",)),
+    Hook("torch._dynamo", "reset_code_caches", "warm_start", _reset_code_caches),
+    Hook("torch._dynamo.decorators", "_set_stance", "warm_start", _set_stance, params=("stance",)),
+    Hook(_PACKAGE, "CompilePackage.bypass_current_compile", "warm_start", _bypass_current_compile),
+    Hook("torch._dynamo.output_graph", "OutputGraph.bypass_package", "warm_start", _bypass_package,
          params=("reason",)),
-    Hook("torch._dynamo.precompile_context", "PrecompileContext.record_artifact", "precompile", _record_artifact,
+    Hook("torch._dynamo.precompile_context", "PrecompileContext.record_artifact", "warm_start", _record_artifact,
          params=("artifact",)),
     # should_bundle_autograd_cache and graph_compile's by-name copy of it (lazy: they
     # import inductor).
-    Hook(_AUTOGRAD_CACHE, "should_bundle_autograd_cache", "precompile", _bundle_autograd_entries, lazy=True),
-    Hook("torch._functorch._aot_autograd.graph_compile", "should_bundle_autograd_cache", "precompile",
+    Hook(_AUTOGRAD_CACHE, "should_bundle_autograd_cache", "warm_start", _bundle_autograd_entries, lazy=True),
+    Hook("torch._functorch._aot_autograd.graph_compile", "should_bundle_autograd_cache", "warm_start",
          _bundle_autograd_entries, lazy=True),
     Hook("torch._functorch._aot_autograd.runtime_wrappers", "_AutogradBackwardCompiler.get_or_compile",
-         "precompile", _compile_backward, lazy=True),
-    Hook("torch._functorch._aot_autograd.graph_compile", "_should_save_cache", "precompile", _save_aot_entry,
+         "warm_start", _compile_backward, lazy=True),
+    Hook("torch._functorch._aot_autograd.graph_compile", "_should_save_cache", "warm_start", _save_aot_entry,
          lazy=True),
-    Hook("torch._functorch._aot_autograd.aot_autograd_result", "BundledOutputCodeLoadable.load", "precompile",
+    Hook("torch._functorch._aot_autograd.aot_autograd_result", "BundledOutputCodeLoadable.load", "warm_start",
          _count_bundled_hit, params=("example_inputs",), lazy=True),
-    Hook(_AUTOGRAD_CACHE, "AOTAutogradCachePickler._reduce_aot_config", "precompile", _reduce_aot_config,
+    Hook(_AUTOGRAD_CACHE, "AOTAutogradCachePickler._reduce_aot_config", "warm_start", _reduce_aot_config,
          params=("aot_config",), lazy=True),
-    Hook(_AUTOGRAD_CACHE, "sanitize_gm_for_cache", "precompile", _sanitized_for_key, params=("gm",), lazy=True),
-    Hook(_PACKAGE, "CompilePackage.add_backend_id", "precompile", _add_backend_id, params=("backend_id",)),
-    Hook("torch._inductor.output_code", "CompiledFxGraph.after_deserialization", "precompile",
+    Hook(_AUTOGRAD_CACHE, "sanitize_gm_for_cache", "warm_start", _sanitized_for_key, params=("gm",), lazy=True),
+    Hook(_PACKAGE, "CompilePackage.add_backend_id", "warm_start", _add_backend_id, params=("backend_id",)),
+    Hook("torch._inductor.output_code", "CompiledFxGraph.after_deserialization", "warm_start",
          _load_compiled_graph, params=("constants",), lazy=True),
-    Hook("torch._inductor.codecache", "_precompile_header", "precompile", _precompile_header,
+    Hook("torch._inductor.codecache", "_precompile_header", "warm_start", _precompile_header,
          params=("header", "hashable_cmd_line"), lazy=True),
-    Hook("torch._dynamo.guards", "CheckFunctionManager.serialize_guards", "precompile", _serialize_guards,
+    Hook("torch._dynamo.guards", "CheckFunctionManager.serialize_guards", "warm_start", _serialize_guards,
          params=("builder", "sorted_guards", "output_graph")),
-    Hook("torch._dynamo.guards", "GuardsStatePickler.reducer_override", "precompile", _reduce_code,
+    Hook("torch._dynamo.guards", "GuardsStatePickler.reducer_override", "warm_start", _reduce_code,
          params=("obj",)),
-    Hook("torch._dynamo.guards", "pickle_guards_state", "precompile", _pickle_guards_state,
+    Hook("torch._dynamo.guards", "pickle_guards_state", "warm_start", _pickle_guards_state,
          params=("state", "builder")),
-    Hook(_PACKAGE, "load_guard_manager", "precompile", _load_guard_manager,
+    Hook(_PACKAGE, "load_guard_manager", "warm_start", _load_guard_manager,
          params=("guards_state", "target_code", "runtime_global_scope")),
     # assume_constant_result calls (builtin.py imports it from here when called).  nn_module's
     # by-name copy runs only for a specialized module, whose NN_MODULE guard is never saved.
-    Hook("torch._dynamo.variables.functions", "invoke_and_store_as_constant", "precompile", _record_constant,
+    Hook("torch._dynamo.variables.functions", "invoke_and_store_as_constant", "warm_start", _record_constant,
          params=("tx", "fn", "name", "args", "kwargs")),
-    Hook("torch._dynamo.symbolic_convert", "InliningInstructionTranslator.__init__", "precompile", _record_inlined,
+    Hook("torch._dynamo.symbolic_convert", "InliningInstructionTranslator.__init__", "warm_start", _record_inlined,
          params=("parent", "code", "symbolic_locals", "funcvar")),
 ]

@@ -2,7 +2,7 @@
 
 A CUDAGraphNode is one recording of a compiled function; a re-record makes a
 sibling node for the same function.  The addresses and names are kept by
-``stableguards.cudagraph_checks.StaticInputWatch`` (plain logic); here is
+``stableguards.cudagraphs.checks.StaticInputWatch`` (plain logic); here is
 where they are taken from torch.
 """
 
@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 from typing import Any
 
-from stableguards.cudagraph_checks import copied_grads_message, input_names
+import stableguards.cudagraphs as settings
+from stableguards.cudagraphs import messages
+from stableguards.cudagraphs.checks import input_names
+from stableguards.cudagraphs.state import STATE
 from stableguards.hooks.core import Hook
-from stableguards.hooks.state import STATE
-
-log = logging.getLogger("stableguards")
 _TREES = "torch._inductor.cudagraph_trees"
 
 
@@ -66,9 +65,9 @@ def _check_invariants(call: Any, self: Any, inputs: Any, *args: Any, **kwargs: A
     status, logger = call(self, inputs, *args, **kwargs)
     if status == CheckInvariantStatus.StaticInputIdxMismatch:
         report = STATE.static_inputs.check(self.wrapped_function.id, inputs,
-                                           strict=STATE.manager.strict_static_inputs)
+                                           strict=settings.strict_static_inputs)
         if report is not None:
-            STATE.manager.note_static_inputs_moved(report.describe())
+            messages.static_inputs_moved(report.describe())
     return status, logger
 
 
@@ -79,27 +78,20 @@ def _forget_recordings(call: Any, *args: Any, **kwargs: Any) -> None:
     STATE.static_inputs.clear()
 
 
-def _warn_copied_grads(call: Any, self: Any, tx: Any) -> None:
-    """Say once per optimizer which grads cudagraphs will copy (upstream: only under perf_hints)."""
+def warn_copied_grads(self: Any, tx: Any) -> None:
+    """Dynamo mapped an optimizer's sources (``hooks.seams``): say once per optimizer which
+    grads cudagraphs will copy (upstream: only under perf_hints)."""
     from torch._dynamo.variables.optimizer import _is_static_for_cudagraphs
 
-    call(self, tx)
     copied = [source.name for grad, source in self.grad_to_source.items()
               if not _is_static_for_cudagraphs(grad)]
     if copied:
-        STATE.copied_grads_told.get(self.value, lambda: _warn(copied_grads_message(copied)))
-
-
-def _warn(message: str) -> bool:
-    log.warning(message)
-    return True
+        STATE.copied_grads_told.get(self.value, lambda: messages.copied_grads(copied))
 
 
 HOOKS = [
     Hook("torch._dynamo.output_graph", "OutputGraph.call_user_compiler", "cudagraphs", _call_user_compiler,
          params=("gm",)),
-    Hook("torch._dynamo.variables.optimizer", "OptimizerVariable.map_sources_and_install_guards",
-         "cudagraphs", _warn_copied_grads, params=("tx",)),
     Hook(_TREES, "CUDAGraphNode.__init__", "cudagraphs", _record,
          params=("wrapped_function", "inputs", "compile_id"), lazy=True),
     Hook(_TREES, "CUDAGraphNode.check_invariants", "cudagraphs", _check_invariants,

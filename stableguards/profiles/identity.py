@@ -1,28 +1,22 @@
-"""Identities that are the same in every process: code fingerprints and profile keys.
+"""Identities that are the same in every process: closure fingerprints and profile keys.
 
 torch 2.13 tells closures apart with ``hash()`` of their cells' code objects,
 and on Python 3.11 that hash changes from one process to the next (it mixes
 in ``hash(None)``, an address), so a compiled closure never finds its profile
-after a restart.  Here every ingredient is hashed with xxh64 over a canonical
-description, never with ``hash()``.
+after a restart.  Here a closure is told by its functions' code digests
+(``stableguards.codes``), never with ``hash()``.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from collections.abc import Sequence
 from types import CellType, CodeType
-from typing import Any
 
 import xxhash
 
-
-@functools.lru_cache(maxsize=4096)  # code objects compare by value: equal code, equal result
-def code_fingerprint(code: CodeType) -> str:
-    """A stable hash of what a code object does: bytecode, names, constants, nested code."""
-    return xxhash.xxh64_hexdigest(repr(_describe_code(code)).encode())
+from stableguards.codes import code_digest
 
 
 def closure_fingerprint(cells: Sequence[CellType]) -> str:
@@ -38,30 +32,8 @@ def closure_fingerprint(cells: Sequence[CellType]) -> str:
         except ValueError:  # an empty cell
             contents = None
         code = getattr(contents, "__code__", None) if callable(contents) else None
-        parts.append(code_fingerprint(code) if isinstance(code, CodeType) else "-")
+        parts.append(code_digest(code) if isinstance(code, CodeType) else "-")
     return xxhash.xxh64_hexdigest(",".join(parts).encode())
-
-
-def _describe_code(code: CodeType) -> tuple:
-    return (
-        code.co_qualname if hasattr(code, "co_qualname") else code.co_name,
-        code.co_argcount,
-        code.co_code,
-        code.co_names,
-        code.co_varnames,
-        code.co_freevars,
-        tuple(_describe_const(c) for c in code.co_consts),
-    )
-
-
-def _describe_const(value: Any) -> Any:
-    if isinstance(value, CodeType):
-        return _describe_code(value)
-    if isinstance(value, (tuple, list)):
-        return tuple(_describe_const(v) for v in value)
-    if isinstance(value, frozenset):  # iteration order follows the hash seed
-        return ("frozenset", tuple(sorted(repr(_describe_const(v)) for v in value)))
-    return repr(value)
 
 
 def default_profile_key() -> str:

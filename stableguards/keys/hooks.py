@@ -1,7 +1,7 @@
-"""Why a compile happened: FX-graph cache misses and recompiles, told to the manager.
+"""Why a compile happened: FX-graph cache misses and recompiles, told to the event log.
 
 A miss is explained by diffing inductor's key components against the closest
-key recorded before (``stableguards.key_diff``); a recompile by the guards
+key recorded before (``stableguards.keys.ledger``); a recompile by the guards
 torch reports as failed.
 """
 
@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from stableguards.codes import frame_label
 from stableguards.hooks.core import Hook, cache_subdir
-from stableguards.hooks.state import STATE
-from stableguards.key_diff import KeyLedger, KeyRecord, differences, nearest
+from stableguards.keys import messages
+from stableguards.keys.ledger import KeyLedger, KeyRecord, differences, nearest
 
 
 def _compiled_fx_graph_hash(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """An FX-graph cache key with its components: a miss is diffed against the closest one."""
     key, debug_lines = call(*args, **kwargs)
     _explain_fx_key(key, debug_lines)
     return key, debug_lines
@@ -29,17 +31,16 @@ def _explain_fx_key(key: str, debug_lines: list[str]) -> None:
     record = KeyRecord.from_debug_lines(key, debug_lines)
     if not os.path.exists(FxGraphCache._get_tmp_dir_for_key(key)):
         closest = nearest(record, ledger.recent())
-        STATE.manager.note_cache_miss(key, closest.key if closest else None,
-                                      differences(record, closest) if closest else [])
+        messages.fx_cache_miss(key, closest.key if closest else None,
+                               differences(record, closest) if closest else [])
     ledger.record(record)
 
 
 def _recompilation_reasons(call: Any, cache_entry: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
+    """Why a frame recompiled: the guards that failed, in the event log."""
     reasons = call(cache_entry, frame, *args, **kwargs)
     if reasons:
-        code = frame.f_code
-        STATE.manager.note_recompile(f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})",
-                                     [str(r) for r in reasons])
+        messages.recompiled(frame_label(frame.f_code), [str(r) for r in reasons])
     return reasons
 
 

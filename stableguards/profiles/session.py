@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from stableguards.pgo.profile import (
+from stableguards.profiles.profile import (
     DYNAMIC,
     UNSET,
     CodeKey,
@@ -23,7 +23,7 @@ from stableguards.pgo.profile import (
     SourceEntry,
     State,
 )
-from stableguards.pgo.store import ProfileStore
+from stableguards.profiles.store import ProfileStore
 
 # Where in a source a compile outcome applies: ("scalar",) or ("size", dim).
 Slot = tuple[str] | tuple[str, int]

@@ -1,21 +1,18 @@
-"""Stable symbol ids: the ShapeEnv asks stableguards for each new symbol's id.
-
-The logic (a source's id from its name, not from creation order) is in
-``stableguards.symbols`` and the manager; here is only where Dynamo is told.
-"""
+"""Stable symbol ids: where the ShapeEnv asks stableguards for each new symbol's id."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from stableguards.hooks.core import Hook
-from stableguards.hooks.state import STATE
+from stableguards.symbols.state import STATE
 
 _SYMBOLIC_SHAPES = "torch.fx.experimental.symbolic_shapes"
 
 
 def _generate_unique_id(call: Any, shape_env: Any, source_name: str) -> int:
-    return STATE.manager.symbol_id(shape_env, source_name, shape_env.unique_ids)
+    """A new symbol's id from a hash of its source's name (``symbols.ids``), not creation order."""
+    return STATE.symbol_id(shape_env, source_name, shape_env.unique_ids)
 
 
 HOOKS = [

@@ -53,9 +53,11 @@ import re
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
-import xxhash
+from stableguards.codes import qualified
+from stableguards.components import Components
+from stableguards.identity_table import IdentityTable
 
 # The attribute through which a backend opts into sharing (rule 3).
 CACHE_KEY_ATTR = "_torchdynamo_cache_key"
@@ -70,62 +72,29 @@ _MAX_COMPONENTS = 2_000
 _MAX_DEPTH = 12  # containers nested deeper are matched by identity
 _CONTAINER = re.compile(r"(dict|list|tuple) of \d+")
 
-V = TypeVar("V")
-
-
-class IdentityTable(Generic[V]):
-    """Values attached to objects by identity, for as long as each object lives.
-
-    Never calls the object's ``__eq__`` or ``__hash__`` (a ``WeakKeyDictionary``
-    would).  An entry goes when its object dies (a weakref finalizer runs
-    before the object's memory, and so its ``id()``, can be reused).  An
-    object that cannot be weakly referenced is kept alive by the table, as
-    torch keeps every backend alive.
-    """
-
-    def __init__(self) -> None:
-        self._values: dict[int, tuple[V, Any]] = {}
-
-    def get(self, obj: object, make: Callable[[], V]) -> V:
-        entry = self._values.get(id(obj))
-        if entry is not None:
-            return entry[0]
-        value = make()
-        try:
-            weakref.finalize(obj, self._values.pop, id(obj), None)
-            self._values[id(obj)] = (value, None)
-        except TypeError:
-            self._values[id(obj)] = (value, obj)  # keeps obj alive: its id stays its own
-        return value
-
-    def peek(self, obj: object) -> V | None:
-        entry = self._values.get(id(obj))
-        return None if entry is None else entry[0]
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-
 @dataclass(frozen=True)
 class BackendFingerprint:
     """What identifies a backend configuration: named components, in order.
 
-    ``digest`` hashes them; it is the same in every process unless ``stable``
-    is False (an identity component, see rule 4).
+    Its digest is the same in every process unless ``stable`` is False (an
+    identity component, see rule 4).
     """
 
-    components: tuple[tuple[str, str], ...]
-    digest: str
+    components: Components
+
+    @property
+    def digest(self) -> str:
+        return self.components.digest
 
     @property
     def stable(self) -> bool:
-        return not any(name.endswith("identity") for name, _ in self.components)
+        return not any(name.endswith("identity") for name, _ in self.components.items)
 
     @property
     def description(self) -> str:
         """The components a reader needs: names, identities and options that are set."""
         shown = []
-        for name, value in self.components:
+        for name, value in self.components.items:
             leaf = name.rsplit(".", 1)[-1]
             if _is_label(name, value) or value == "None":
                 continue
@@ -138,11 +107,7 @@ class BackendFingerprint:
     def differences(self, other: BackendFingerprint) -> list[str]:
         """The components that tell ``self`` from ``other``, in order; labels and
         container sizes only where nothing else differs."""
-        mine, theirs = dict(self.components), dict(other.components)
-        names = [n for n, _ in self.components] + [n for n, _ in other.components if n not in mine]
-        differ = [n for n in names if mine.get(n) != theirs.get(n)]
-        telling = [n for n in differ if not _is_label(n, mine.get(n) or theirs.get(n) or "")]
-        return [f"{n}: {mine.get(n, '(absent)')} vs {theirs.get(n, '(absent)')}" for n in telling or differ]
+        return self.components.differences(other.components, minor=_is_label)
 
     def __str__(self) -> str:
         text = self.description
@@ -172,15 +137,13 @@ class Fingerprinter:
         self._describing: set[int] = set()
 
     def fingerprint(self, backend: object) -> BackendFingerprint:
-        components = tuple(self._components(backend, ""))
-        text = "\n".join(f"{name}={value}" for name, value in components)
-        return BackendFingerprint(components, xxhash.xxh3_128_hexdigest(text.encode()))
+        return BackendFingerprint(Components(tuple(self._components(backend, ""))))
 
     def identity(self, obj: object) -> str:
         """``module.Class#N``: this object, and no other, for the life of the process."""
         cls = type(obj)
         name = getattr(obj, "__qualname__", None) if callable(obj) and hasattr(obj, "__code__") else None
-        label = f"{getattr(obj, '__module__', cls.__module__)}.{name}" if name else _qualified(cls)
+        label = f"{getattr(obj, '__module__', cls.__module__)}.{name}" if name else qualified(cls)
         return f"{label}#{self._tokens.get(obj, lambda: next(self._next_token))}"
 
     def _components(self, obj: object, prefix: str) -> Iterator[tuple[str, str]]:
@@ -191,7 +154,7 @@ class Fingerprinter:
             for part, value in self._wrappers.get(obj, lambda: tuple(self._wrapper(obj))):
                 yield prefix + part, value
         elif (key := _explicit_key(obj)) is not None:
-            yield prefix + "class", _qualified(type(obj))
+            yield prefix + "class", qualified(type(obj))
             yield prefix + "cache_key", key
         else:
             yield prefix + "identity", self.identity(obj)
@@ -202,7 +165,7 @@ class Fingerprinter:
             return
         self._describing.add(id(wrapper))
         try:
-            yield "wrapper", _qualified(type(wrapper))
+            yield "wrapper", qualified(type(wrapper))
             yield from self._parts(sorted(vars(wrapper).items()), 0)
         finally:
             self._describing.discard(id(wrapper))
@@ -261,10 +224,6 @@ def _key_text(key: Any) -> str | None:
         parts = [_key_text(k) for k in key]
         return None if None in parts else "(" + ", ".join(parts) + ")"  # type: ignore[arg-type]
     return None
-
-
-def _qualified(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 class BackendKey:

@@ -1,9 +1,9 @@
 """Warm start's proofs on torch's objects: write a guard tree's facts, check a loaded one.
 
-The plain logic is in ``stableguards.warm_start`` (``guard_rules``, ``facts``,
-``proof``); this module reads what it needs from torch: the C++ guard trees,
-the values at guard sources, the process's ambient state.  It hooks nothing;
-``hooks.precompile`` calls it where an entry is saved, loaded and admitted.
+The plain logic is beside it (``guard_rules``, ``facts``, ``proof``); this
+module reads what it needs from torch: the C++ guard trees, the values at
+guard sources, the process's ambient state.  It hooks nothing;
+``warm_start.hooks`` calls it where an entry is saved, loaded and admitted.
 
 * ``live_proof``: when an entry is saved, the facts of the compile's live
   guard tree, evaluated on the compiled frame, and the unguarded facts;
@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from stableguards.codes import resolve
 from stableguards.hooks.guard_tree import Leaf, leaves
 from stableguards.warm_start.facts import (
     CONSTANT_RESULT,
@@ -237,13 +238,6 @@ def _builtins_read(functions: list[tuple[Any, dict]]) -> list[tuple[str, set[str
     return sorted(by_module.items())
 
 
-def _nested(code: Any) -> Iterator[Any]:
-    for const in code.co_consts:
-        if isinstance(const, type(code)):
-            yield const
-            yield from _nested(const)
-
-
 def _recheck(item: Recheck, value: Callable[[str], Any], identities: Identities) -> Fact:
     """An unguarded fact, written again from what this process holds (``value``: the call's
     value at a source)."""
@@ -263,16 +257,9 @@ def _recheck(item: Recheck, value: Callable[[str], Any], identities: Identities)
         module_name, qualname, args, kwargs = item.payload
         kwargs = dict(kwargs)
         try:
-            fn = _resolve(module_name, qualname)
+            fn = resolve(module_name, qualname)
             result = fn(*args, **kwargs)
         except Exception as error:  # noqa: BLE001 - the user's function: any failure means "not the same"
             raise Unprovable(f"calling {module_name}.{qualname} failed ({error!r:.100})") from None
         return constant_result(fn, args, kwargs, result, identities)
     raise Unprovable(f"unknown kind {kind}")
-
-
-def _resolve(module: str, qualname: str) -> Any:
-    obj: Any = sys.modules[module]
-    for name in qualname.split("."):
-        obj = getattr(obj, name)
-    return obj

@@ -3,7 +3,7 @@
 torch.compile hands Dynamo a backend; ``get_compiler_fn`` wraps it for
 calling.  We put a ``_KeyedBackend`` in between whose
 ``_torchdynamo_orig_backend`` is the interned key of the backend's
-fingerprint (``stableguards.backend_match``).  The C++ cache lookup follows
+fingerprint (``stableguards.backends.fingerprint``).  The C++ cache lookup follows
 that attribute chain to its end, so cache entries store and compare the key:
 a pointer comparison for equivalent backends, never a match for others, and
 no strong reference to the backend itself.
@@ -17,8 +17,12 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from stableguards.backend_match import BackendFingerprint, BackendKey, Fingerprinter, key_for
+from stableguards.backends import messages
+from stableguards.backends.fingerprint import BackendFingerprint, BackendKey, Fingerprinter, key_for
+from stableguards.events import EVENTS
+from stableguards.hooks import seams
 from stableguards.hooks.core import Hook, registered_name
+from stableguards.hooks.entries import release_entries
 from stableguards.hooks.state import STATE
 
 _CONVERT_FRAME = "torch._dynamo.convert_frame"
@@ -78,6 +82,7 @@ class _KeyedBackend:
 
 
 def _get_compiler_fn(call: Any, compiler_fn: Any) -> Any:
+    """The backend Dynamo calls, behind the interned key of its fingerprint."""
     STATE.release_pending()
     if isinstance(compiler_fn, _KeyedBackend):
         return call(compiler_fn)
@@ -93,7 +98,7 @@ def _get_compiler_fn(call: Any, compiler_fn: Any) -> Any:
     try:
         return call(keyed)
     except Exception as error:  # noqa: BLE001 - torch refused the wrapper: it gets the backend itself
-        STATE.fell_back("backend match (torch refused the keyed backend)", error)
+        EVENTS.fell_back("backend match (torch refused the keyed backend)", error)
         return call.fn(compiler_fn)
 
 
@@ -122,7 +127,7 @@ def _reference(obj: Any) -> Callable[[], Any]:
 
 def backend_fingerprint(backend: Any) -> BackendFingerprint:
     """The fingerprint of a backend as torch.compile or torch._dynamo.optimize received it."""
-    return STATE.fingerprinter.fingerprint(backend)  # type: ignore[union-attr]
+    return FINGERPRINTER.fingerprint(backend)
 
 
 @functools.cache
@@ -165,26 +170,8 @@ def _user_backend(backend: Any) -> Any:
     return None if registered_name(inner) is not None else inner
 
 
-STATE.fingerprinter = Fingerprinter(registered_name, _is_torch_wrapper, _torch_name)
-
-
-def invalidate_entries(dead: Any, why: str) -> int:
-    """Invalidate every cache entry ``dead`` picks: its compiled code and guards can go."""
-    import torch._C._dynamo.eval_frame as c_eval_frame
-    import torch._dynamo.convert_frame as convert_frame
-    from torch._dynamo.guards import DeletedGuardManagerWrapper
-
-    released = 0
-    for ref in list(convert_frame.input_codes.seen):
-        code = ref()
-        if code is None:
-            continue
-        for entry in c_eval_frame._debug_get_cache_entry_list(code):
-            manager = entry.guard_manager
-            if dead(entry) and getattr(manager, "extra_state", None) is not None:
-                manager.extra_state.invalidate(manager.cache_entry, DeletedGuardManagerWrapper(why))
-                released += 1
-    return released
+# Its tables (identity tokens, torch's wrappers as first seen) are this feature's state.
+FINGERPRINTER = Fingerprinter(registered_name, _is_torch_wrapper, _torch_name)
 
 
 def _release_entries(key: BackendKey) -> None:
@@ -192,53 +179,33 @@ def _release_entries(key: BackendKey) -> None:
 
     def release() -> None:
         if not key.alive:
-            released = invalidate_entries(lambda e: e.backend is key, "backend was collected")
-            STATE.manager.note_backend_released(str(key.fingerprint), released)
+            released = release_entries(lambda e: e.backend is key, "backend was collected")
+            messages.released(str(key.fingerprint), released)
 
     STATE.release_soon(release)
 
 
-def _convert_frame(call: Any, self: Any, frame: Any, cache_entry: Any, *args: Any, **kwargs: Any) -> Any:
-    """Know which backend a compile is for, and say when a frame switched backends."""
-    STATE.release_pending()
-    key = _innermost_key(self)
-    if key is not None:
-        _note_switch(frame.f_code, key)
-    token = STATE.current_key.set(key)
-    try:
-        return call(self, frame, cache_entry, *args, **kwargs)
-    finally:
-        STATE.current_key.reset(token)
-
-
-def _innermost_key(convert: Any) -> BackendKey | None:
-    backend = convert
-    for _ in range(16):  # the chain is short; a loop here would be a bug elsewhere
-        if isinstance(backend, BackendKey):
-            return backend
-        backend = getattr(backend, "_torchdynamo_orig_backend", None)
-        if backend is None:
-            return None
-    return None
-
-
-def _note_switch(code: Any, key: BackendKey) -> None:
+def note_switch(compile: seams.Compile) -> None:
+    """A frame starts compiling (``hooks.seams``): say when it switched backends."""
     import torch._C._dynamo.eval_frame as c_eval_frame
 
-    others = {e.backend for e in c_eval_frame._debug_get_cache_entry_list(code)
+    key = compile.backend_key
+    if key is None:
+        return
+    others = {e.backend for e in c_eval_frame._debug_get_cache_entry_list(compile.code)
               if e.code is not None and e.backend is not None}
     if others and key not in others:
-        STATE.manager.note_backend_switch(
-            f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})", key.fingerprint,
-            [o.fingerprint if isinstance(o, BackendKey) else type(o).__name__ for o in others])
+        messages.switched(compile.label, key.fingerprint,
+                          [o.fingerprint if isinstance(o, BackendKey) else type(o).__name__ for o in others])
 
 
-def _compute_cache_size(call: Any, frame: Any, cache_entries: Any, *args: Any) -> Any:
-    """The recompile limit counts the live entries of the backend being compiled for."""
-    key = STATE.current_key.get()
-    if key is not None:
-        cache_entries = [e for e in cache_entries if e.backend is key and e.code is not None]
-    return call(frame, cache_entries, *args)
+def own_entries(cache_entries: list, compile: seams.Compile | None) -> list:
+    """Which entries count towards the recompile limit (``hooks.seams``): the live ones of the
+    backend being compiled for."""
+    key = compile.backend_key if compile is not None else None
+    if key is None:
+        return cache_entries
+    return [e for e in cache_entries if e.backend is key and e.code is not None]
 
 
 def _is_registered_backend(call: Any, compiler_fn: Any) -> bool:
@@ -249,13 +216,9 @@ def _is_registered_backend(call: Any, compiler_fn: Any) -> bool:
 
 
 HOOKS = [
-    Hook("torch._dynamo.eval_frame", "get_compiler_fn", "backend", _get_compiler_fn,
+    Hook("torch._dynamo.eval_frame", "get_compiler_fn", "backends", _get_compiler_fn,
          params=("compiler_fn",)),
-    Hook(_CONVERT_FRAME, "ConvertFrameAssert.__call__", "backend", _convert_frame,
-         params=("frame", "cache_entry")),
-    # convert_frame imported its helpers by name: patch its copies.
-    Hook(_CONVERT_FRAME, "compute_cache_size", "backend", _compute_cache_size,
-         params=("frame", "cache_entries")),
-    Hook(_CONVERT_FRAME, "_is_registered_backend", "backend", _is_registered_backend,
+    # convert_frame imported it by name: patch its copy.
+    Hook(_CONVERT_FRAME, "_is_registered_backend", "backends", _is_registered_backend,
          params=("compiler_fn",)),
 ]

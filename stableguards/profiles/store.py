@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 import os
 import random
-import tempfile
 import time
 import urllib.parse
 from pathlib import Path
 from typing import Any, Protocol
 
-from stableguards.pgo.profile import VERSION, Profile, ProfileError, dumps, from_json
+from stableguards.events import EVENTS
+from stableguards.files import atomic_write
+from stableguards.profiles.profile import VERSION, Profile, ProfileError, dumps, from_json
 
-log = logging.getLogger("stableguards")
 
 LOCK_TIMEOUT_S = 10.0
 
@@ -63,25 +62,14 @@ class ProfileStore(Protocol):
     def describe(self, key: str) -> str: ...
 
 
-class _WarnOnce:
-    def __init__(self) -> None:
-        self._warned: set[str] = set()
-
-    def warn(self, topic: str, message: str) -> None:
-        if topic not in self._warned:
-            self._warned.add(topic)
-            log.warning("stableguards PGO: %s", message)
-
-
 def _aside_suffix() -> str:
     return f"bad-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
 
 
-class LocalStore(_WarnOnce):
+class LocalStore:
     """One JSON file per key, written atomically (temp file + rename) under a file lock."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
-        super().__init__()
         self.directory = Path(directory)
 
     def path(self, key: str) -> Path:
@@ -113,7 +101,7 @@ class LocalStore(_WarnOnce):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            self.warn(f"write:{path}", f"cannot create {path.parent} ({error}); profile not saved")
+            _warn(f"write:{path}", f"cannot create {path.parent} ({error}); profile not saved")
             return None
         with self._lock(path) as locked:
             if not locked:
@@ -126,7 +114,7 @@ class LocalStore(_WarnOnce):
             try:
                 atomic_write(path, encode(merged))
             except OSError as error:
-                self.warn(f"write:{path}", f"cannot write profile {path} ({error}); profile not saved")
+                _warn(f"write:{path}", f"cannot write profile {path} ({error}); profile not saved")
                 return None
             return merged
 
@@ -146,7 +134,7 @@ class LocalStore(_WarnOnce):
     def _read_locked(self, path: Path) -> Profile | None:
         """Read while holding the lock: corrupt files go aside, others raise _Untouchable."""
         if path.is_dir():
-            self.warn(f"dir:{path}", f"{path} is a directory, not a profile; leaving it alone, "
+            _warn(f"dir:{path}", f"{path} is a directory, not a profile; leaving it alone, "
                                      "compiling without a profile and saving none")
             raise _Untouchable
         try:
@@ -154,36 +142,24 @@ class LocalStore(_WarnOnce):
         except FileNotFoundError:
             return None
         except OSError as error:
-            self.warn(f"read:{path}", f"cannot read profile {path} ({error}); compiling without "
+            _warn(f"read:{path}", f"cannot read profile {path} ({error}); compiling without "
                                       "it and leaving it untouched")
             raise _Untouchable from None
         try:
             return decode(raw)
         except NewerProfile as newer:
-            self.warn(f"newer:{path}", f"profile {path} was written by a newer stableguards "
+            _warn(f"newer:{path}", f"profile {path} was written by a newer stableguards "
                                        f"({newer}); leaving it untouched and compiling without it")
             raise _Untouchable from None
         except ProfileError as error:
             aside = path.with_name(f"{path.stem}.{_aside_suffix()}.json")
             os.replace(path, aside)
-            self.warn(f"bad:{path}", f"profile {path} is unusable ({error}); moved it to {aside} "
+            _warn(f"bad:{path}", f"profile {path} is unusable ({error}); moved it to {aside} "
                                      "and compiling as if there were no profile")
             return None
 
     def _lock(self, path: Path) -> _Locked:
         return _Locked(self, path)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write through a temp file and a rename: readers see the old file or the new, never half."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class _Untouchable(Exception):
@@ -228,7 +204,7 @@ def redacted(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
-class RedisStore(_WarnOnce):
+class RedisStore:
     """Profiles as JSON strings under ``stableguards:pgo:<key>``, merged with WATCH/MULTI."""
 
     PREFIX = "stableguards:pgo:"
@@ -240,7 +216,6 @@ class RedisStore(_WarnOnce):
     MAX_PAUSE_S = 0.05
 
     def __init__(self, url: str, timeout_s: float = 2.0) -> None:
-        super().__init__()
         import redis  # optional dependency: pip install 'stableguards[redis]'
 
         self.url = redacted(url)  # what is shown: never the credentials
@@ -280,7 +255,7 @@ class RedisStore(_WarnOnce):
                     if time.monotonic() >= deadline:
                         break
                     time.sleep(random.uniform(0, min(self.MAX_PAUSE_S, 0.001 * 2 ** attempt)))
-            self.warn(f"contended:{name}", f"{name} kept changing for {self.MERGE_BUDGET_S:.0f} s while "
+            _warn(f"contended:{name}", f"{name} kept changing for {self.MERGE_BUDGET_S:.0f} s while "
                                            "merging; profile not saved this time")
             return None
         except _Untouchable:
@@ -304,19 +279,19 @@ class RedisStore(_WarnOnce):
         try:
             return decode(raw)
         except NewerProfile as newer:
-            self.warn(f"newer:{name}", f"{name} was written by a newer stableguards ({newer}); "
+            _warn(f"newer:{name}", f"{name} was written by a newer stableguards ({newer}); "
                                        "leaving it untouched and compiling without it")
             raise _Untouchable from None
         except ProfileError as error:
             aside = f"{name}:{_aside_suffix()}"
             # RENAMENX: never overwrite something already set aside under that name.
             self._client.renamenx(name, aside)
-            self.warn(f"bad:{name}", f"{name} is unusable ({error}); moved it to {aside} and "
+            _warn(f"bad:{name}", f"{name} is unusable ({error}); moved it to {aside} and "
                                      "compiling as if there were no profile")
             return None
 
     def _unreachable(self, error: Exception) -> None:
-        self.warn("unreachable", f"Redis at {self.url} is unreachable ({type(error).__name__}: "
+        _warn(f"{self.url} unreachable", f"Redis at {self.url} is unreachable ({type(error).__name__}: "
                                  f"{error}); compiling without a shared profile")
 
 
@@ -354,3 +329,7 @@ class TieredStore:
 
     def describe(self, key: str) -> str:
         return " + ".join(tier.describe(key) for tier in self.tiers)
+
+
+def _warn(topic: str, message: str) -> None:
+    EVENTS.warn_once(f"profile store {topic}", f"stableguards PGO: {message}")

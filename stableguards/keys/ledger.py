@@ -20,34 +20,42 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from stableguards.pgo.store import atomic_write
+from stableguards.components import Components
+from stableguards.files import atomic_write
 
 _LINE = re.compile(r"\[(?P<hash>[^\]]+)\] (?P<name>[^:]+): (?P<value>.*)", re.DOTALL)
 # Enough of a value to show what differs; the graph's code can be long.
 _MAX_VALUE = 4000
+_ABSENT = "<absent>"
 # How many keys the ledger keeps (least recently used evicted), so the most a miss reads.
 _MAX_CANDIDATES = 500
 
 
 @dataclass(frozen=True)
 class KeyRecord:
-    """A cache key and its components: name -> (hash, value as inductor printed it)."""
+    """A cache key and its components: each component's hash (what decides the key), and its
+    value as inductor printed it (what a reader is shown)."""
 
     key: str
-    components: dict[str, tuple[str, str]]
+    hashes: Components
+    values: dict[str, str]
 
     @classmethod
     def from_debug_lines(cls, key: str, lines: Iterable[str]) -> KeyRecord:
-        components = {}
-        for line in lines:
-            match = _LINE.match(line)
-            if match:
-                components[match["name"]] = (match["hash"], match["value"][:_MAX_VALUE])
-        return cls(key, components)
+        found = {m["name"]: (m["hash"], m["value"][:_MAX_VALUE]) for m in map(_LINE.match, lines) if m}
+        return cls(key, Components.of((name, h) for name, (h, _) in found.items()),
+                   {name: value for name, (_, value) in found.items()})
 
     def shared(self, other: KeyRecord) -> int:
-        return sum(1 for name, (h, _) in self.components.items()
-                   if other.components.get(name, (None,))[0] == h)
+        return sum(1 for name, h in self.hashes.items if other.hashes.get(name) == h)
+
+    def as_json(self) -> dict:
+        return {"key": self.key, "components": {n: [h, self.values.get(n, "")] for n, h in self.hashes.items}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> KeyRecord:
+        items = [(name, (str(v[0]), str(v[1]))) for name, v in data["components"].items()]
+        return cls(str(data["key"]), Components.of((n, h) for n, (h, _) in items), {n: v for n, (_, v) in items})
 
 
 def nearest(record: KeyRecord, candidates: Iterable[KeyRecord]) -> KeyRecord | None:
@@ -57,10 +65,10 @@ def nearest(record: KeyRecord, candidates: Iterable[KeyRecord]) -> KeyRecord | N
     match (its other components say why the key changed), so candidates with
     an identical ``gm`` component come first; then the most shared components.
     """
-    graph = record.components.get("gm", ("",))[0]
+    graph = record.hashes.get("gm", "")
 
     def likeness(candidate: KeyRecord) -> tuple[bool, int]:
-        return candidate.components.get("gm", (None,))[0] == graph, record.shared(candidate)
+        return candidate.hashes.get("gm") == graph, record.shared(candidate)
 
     best = max((c for c in candidates if c.key != record.key), key=likeness, default=None)
     return best if best is not None and record.shared(best) > 0 else None
@@ -68,13 +76,8 @@ def nearest(record: KeyRecord, candidates: Iterable[KeyRecord]) -> KeyRecord | N
 
 def differences(new: KeyRecord, old: KeyRecord) -> list[str]:
     """What differs, one line per component, showing the first differing line of long values."""
-    out = []
-    for name in sorted(new.components.keys() | old.components.keys()):
-        new_hash, new_value = new.components.get(name, (None, "<absent>"))
-        old_hash, old_value = old.components.get(name, (None, "<absent>"))
-        if new_hash != old_hash:
-            out.append(f"{name}: {_first_difference(old_value, new_value)}")
-    return out
+    return [f"{name}: {_first_difference(old.values.get(name, _ABSENT), new.values.get(name, _ABSENT))}"
+            for name in sorted(new.hashes.differing(old.hashes))]
 
 
 def _first_difference(old: str, new: str) -> str:
@@ -118,7 +121,7 @@ class KeyLedger:
                 os.utime(path)  # used again: the last to be evicted
             return
         self.directory.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, json.dumps({"key": record.key, "components": record.components}).encode())
+        atomic_write(path, json.dumps(record.as_json()).encode())
         self._evict()
 
     def _evict(self) -> None:
@@ -137,8 +140,7 @@ class KeyLedger:
         records = []
         for path in paths:
             try:
-                data = json.loads(path.read_text())
-                records.append(KeyRecord(data["key"], {k: (v[0], v[1]) for k, v in data["components"].items()}))
+                records.append(KeyRecord.from_json(json.loads(path.read_text())))
             except (OSError, ValueError, KeyError, TypeError, IndexError):
                 continue
         return records

@@ -1,0 +1,134 @@
+"""Code objects and names, told the same way in every process.
+
+* ``code_digest``: what a code object does (bytecode, names, constants, nested
+  code), hashed without ``hash()`` or ``marshal`` (both differ per process);
+* ``code_path`` / ``code_at``: a local function's code found again by its place
+  in the enclosing function's constants;
+* ``qualified``, ``resolve``: an object's import name, and the object of a name;
+* ``frame_label``: how explanations name a frame.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import os
+import sys
+import types
+from typing import Any
+
+from stableguards.components import stable_repr
+
+
+@functools.lru_cache(maxsize=16384)  # code objects compare by value: equal code, equal digest
+def code_digest(code: types.CodeType) -> str:
+    """A hash of what a code object does, the same in every process.
+
+    ``marshal.dumps`` is not: it writes back-references depending on reference
+    counts; nor is ``hash(code)`` on Python 3.11 (it mixes in ``hash(None)``, an
+    address).  So the qualified name, bytecode, names and constants are hashed
+    directly, nested code objects (lambdas, comprehensions) included.
+    """
+    digest = hashlib.sha256()
+    _feed_code(digest, code)
+    return digest.hexdigest()
+
+
+def _feed_code(digest: Any, code: types.CodeType) -> None:
+    digest.update(getattr(code, "co_qualname", code.co_name).encode())
+    digest.update(code.co_code)
+    digest.update(getattr(code, "co_exceptiontable", b""))
+    for names in (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars):
+        digest.update(repr(names).encode())
+    digest.update(repr((code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_nlocals,
+                        code.co_flags)).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _feed_code(digest, const)
+        else:
+            digest.update(stable_repr(const).encode())
+
+
+def code_path(code: types.CodeType) -> tuple[str, str, tuple[int, ...], str] | None:
+    """Where a local function's code lives: ``(module, outer qualname, co_consts indices, digest)``.
+
+    Every function a ``def`` inside another function creates shares one code
+    object, a constant of the enclosing function's code.  When the outermost
+    enclosing function is found by name in its module, that path leads a
+    restarted process to the very code object its live functions run, so an
+    identity check on ``fn.__code__`` means there what it meant here.  None
+    when the path does not lead back to this exact object (a decorated outer
+    function, ``exec``'d or ``code.replace``'d code): the caller keeps the
+    identity check that can never pass across processes.
+    """
+    qualname = getattr(code, "co_qualname", "")
+    if ".<locals>." not in qualname:
+        return None
+    outer = qualname[: qualname.index(".<locals>.")]
+    module = inspect.getmodule(code)
+    if module is None or sys.modules.get(module.__name__) is not module:
+        return None
+    try:
+        indices = _find_const(_outer_code(module.__name__, outer), code)
+    except (AttributeError, KeyError, TypeError):
+        return None
+    return None if indices is None else (module.__name__, outer, indices, code_digest(code))
+
+
+def code_at(module: str, outer: str, indices: tuple[int, ...], digest: str) -> types.CodeType:
+    """The code object ``code_path`` named, in this process.
+
+    Raises RuntimeError (what torch's loader falls back on) when it is gone or
+    its code differs from the saved one: a stand-in object would let a later
+    object reuse its id and pass an identity check meant for another.  A module
+    not imported yet is not imported here.
+    """
+    try:
+        code = _outer_code(module, outer)
+        for index in indices:
+            code = code.co_consts[index]
+    except (AttributeError, IndexError, KeyError, TypeError) as error:
+        raise RuntimeError(f"the code of {module}.{outer}.<locals> is not where it was: {error!r}") from error
+    if not isinstance(code, types.CodeType) or code_digest(code) != digest:
+        raise RuntimeError(f"the code of a local function in {module}.{outer} changed since it was saved")
+    return code
+
+
+def resolve(module: str, qualname: str, *, unwrapped: bool = False) -> Any:
+    """The object named ``module.qualname`` in this process, as attribute access gives it, or
+    with ``unwrapped`` as a class holds it (a staticmethod or classmethod itself).  Raises
+    KeyError or AttributeError; a module not imported yet is not imported here."""
+    obj: Any = sys.modules[module]
+    for name in qualname.split("."):
+        in_class = unwrapped and isinstance(obj, type) and name in vars(obj)
+        obj = vars(obj)[name] if in_class else getattr(obj, name)
+    return obj
+
+
+def _outer_code(module: str, qualname: str) -> types.CodeType:
+    obj = resolve(module, qualname, unwrapped=True)
+    return getattr(obj, "__func__", obj).__code__
+
+
+def _find_const(code: types.CodeType, target: types.CodeType) -> tuple[int, ...] | None:
+    for index, const in enumerate(code.co_consts):
+        if const is target:
+            return (index,)
+        if isinstance(const, types.CodeType):
+            inner = _find_const(const, target)
+            if inner is not None:
+                return (index, *inner)
+    return None
+
+
+def qualified(obj: Any) -> str:
+    """``module.qualname`` of a class or function; of its type for anything else."""
+    if not hasattr(obj, "__qualname__"):
+        obj = type(obj)
+    return f"{getattr(obj, '__module__', '?')}.{obj.__qualname__}"
+
+
+def frame_label(code: types.CodeType) -> str:
+    """``fn (file.py:12)``: how explanations name a frame."""
+    return f"{code.co_name} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"

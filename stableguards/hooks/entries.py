@@ -1,0 +1,42 @@
+"""Releasing the cache entries of something that died (a backend, an optimizer): one home.
+
+Releases run at a safe point (``STATE.release_soon``): never while a compile
+or a reset walks the same entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+
+def release_entries(pick: Callable[[Any], bool], why: str) -> int:
+    """Invalidate every live cache entry ``pick`` chooses; how many."""
+    import torch._C._dynamo.eval_frame as c_eval_frame
+    import torch._dynamo.convert_frame as convert_frame
+    from torch._dynamo.guards import DeletedGuardManagerWrapper
+
+    released = 0
+    for ref in list(convert_frame.input_codes.seen):
+        code = ref()
+        if code is None:
+            continue
+        for entry in c_eval_frame._debug_get_cache_entry_list(code):
+            manager = entry.guard_manager
+            if pick(entry) and getattr(manager, "extra_state", None) is not None:
+                manager.extra_state.invalidate(manager.cache_entry, DeletedGuardManagerWrapper(why))
+                released += 1
+    return released
+
+
+def release_check_functions(check_fns: Iterable[Any], why: str) -> int:
+    """Invalidate the entries of these guard functions (CheckFunctionManagers), through torch's
+    own ``invalidate``, which also drops each one's guard manager: torch keeps some of them
+    alive for good (its finalizer on ``type(G['holder'])``, an immortal ``dict``), and the
+    guard manager must not stay with them.  How many were still live."""
+    from torch._dynamo.guards import DeletedGuardManagerWrapper
+
+    live = [c for c in check_fns if not isinstance(c.guard_manager, DeletedGuardManagerWrapper)]
+    for check_fn in live:
+        check_fn.invalidate(obj_str=why)
+    return len(live)

@@ -1,0 +1,40 @@
+"""What warm start tells the event log: what was saved, installed, left out, and why."""
+
+from __future__ import annotations
+
+from stableguards.events import EVENTS
+
+
+def loaded(function: str) -> None:
+    """A restarted process installed a saved entry for ``function``: no tracing for it."""
+    EVENTS.count("warm_start_loaded")
+    EVENTS.note(f"warm start: {function} installed its saved compiled entry")
+
+
+def not_used(function: str, reason: str) -> None:
+    """A saved entry under the same key failed torch's checks, its proof or its install: traced again."""
+    EVENTS.count("warm_start_not_used")
+    EVENTS.note(f"warm start: {function}'s saved entry was not used ({reason}); compiled as usual")
+
+
+def saved() -> None:
+    EVENTS.count("warm_start_saved")
+
+
+def left_out(frame: str, reason: str) -> None:
+    """A compile that cannot be saved soundly: a restart traces this frame again."""
+    EVENTS.count("warm_start_left_out")
+    EVENTS.note(f"warm start: {frame} is left out of its saved entry: {reason}")
+
+
+def pending(frame: str) -> None:
+    """An entry waits for a graph compiled on first use (a backward) before it is saved."""
+    EVENTS.note(f"warm start: {frame}: entry saved once all its graphs are compiled (a backward compiles on "
+                f"its first use)")
+
+
+def missed(function: str, differences: list[str]) -> None:
+    """A saved entry exists for ``function`` but under another key: which components differ."""
+    EVENTS.count("warm_start_misses")
+    shown = "; ".join(differences[:6]) + (f"; and {len(differences) - 6} more" if len(differences) > 6 else "")
+    EVENTS.note(f"warm start: {function} has a saved entry for another key; it differs in {shown}")

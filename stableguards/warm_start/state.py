@@ -1,0 +1,83 @@
+"""What warm start keeps for this process: its packages, the entries they loaded, and the
+compile under way for a saved entry (context variables: per thread)."""
+
+from __future__ import annotations
+
+import contextvars
+import weakref
+from typing import Any
+
+
+class WarmStart:
+    """Our packages, the entries they loaded, what is being compiled (``warm_start.hooks``)."""
+
+    def __init__(self) -> None:
+        # Packages stableguards made (hooks._optimize) -> their Ours record.  Only
+        # these are keyed, loaded, saved or touched by any warm-start hook.
+        self.ours: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        # The frame being compiled for one of our packages (for explanations); None otherwise.
+        self.frame: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+            "stableguards_warm_frame", default=None)
+        # Whether an AOTAutograd entry of ours is being made: bundled (self-contained), as a
+        # package saves its graphs from them.  Set for our compiles and for the backward
+        # of one of our graphs compiled on first use.
+        self.bundling: contextvars.ContextVar[bool] = contextvars.ContextVar(
+            "stableguards_warm_bundling", default=False)
+        # The backend ids (__compiled_fn_N_<uuid>) of graphs compiled for our packages.
+        self.backend_ids: set[str] = set()
+        # The backend id whose backward is being compiled on first use, for a graph of ours.
+        self.backward_of: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+            "stableguards_warm_backward_of", default=None)
+        # Backend ids whose graphs cannot be saved -> why (hooks._leave_out).
+        self.unsaveable: dict[str, str] = {}
+        # Whether inductor is loading a graph for one of our entries (hooks._load_compiled_graph).
+        self.loading_compiled: contextvars.ContextVar[bool] = contextvars.ContextVar(
+            "stableguards_warm_loading_compiled", default=False)
+        # by_code(code) -> (key digest, weak package) of the entries installed on it.
+        self.installed: dict[tuple[int, Any], tuple[str, weakref.ref]] = {}
+        # by_code(code) -> the keys of every compiled context made for it ("other": no key).
+        self.contexts: dict[tuple[int, Any], set[str]] = {}
+        # Keys of the entries this process saved (never loaded back by it).
+        self.saved_here: set[str] = set()
+        # Packages whose save waits for a graph compiled later (a backward) -> the frame's name.
+        self.pending: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        # The package whose entries are being installed (hooks._install).
+        self.installing: contextvars.ContextVar[Any] = contextvars.ContextVar(
+            "stableguards_warm_installing", default=None)
+        # by_code(code) -> loaded entries not yet in Dynamo's cache, in the order tried
+        # (hooks.LoadedEntry).
+        self.loaded: dict[tuple[int, Any], list[Any]] = {}
+        # The proof of the entry whose guards are being saved (hooks._serialize_guards).
+        self.proof: contextvars.ContextVar[Any] = contextvars.ContextVar("stableguards_warm_proof", default=None)
+        # Whether saved guards are being loaded back to be checked (hooks._round_trip).
+        self.checking: contextvars.ContextVar[bool] = contextvars.ContextVar("stableguards_warm_checking",
+                                                                             default=False)
+        # What tracing the frame being compiled for a saved entry read beyond its guards
+        # (torch_guards.Traced); None outside such a compile.
+        self.traced: contextvars.ContextVar[Any] = contextvars.ContextVar("stableguards_warm_traced", default=None)
+
+    def drop_loaded(self, package: Any = None) -> None:
+        """Forget the loaded entries of ``package`` (of every package if None)."""
+        for row, entries in list(self.loaded.items()):
+            kept = [e for e in entries if package is not None and e.package() not in (package, None)]
+            if kept:
+                self.loaded[row] = kept
+            else:
+                del self.loaded[row]
+
+    @staticmethod
+    def by_code(code: Any) -> tuple[int, Any]:
+        """A table key for a code object by identity.  Code objects compare equal by
+        content, file aside: ``fn`` in two modules, at the same line with the same
+        body, would share one row.  The key holds the code, so its id stays its own."""
+        return id(code), code
+
+    def forget_process(self) -> None:
+        """What a restarted process would not know: what it saved and installed, and which
+        contexts it made (for tests that restart within one process)."""
+        self.saved_here.clear()
+        self.contexts.clear()
+        self.installed.clear()
+
+
+STATE = WarmStart()

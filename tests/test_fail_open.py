@@ -9,8 +9,10 @@ import gc
 import importlib
 import itertools
 import logging
+import random
 import threading
 import weakref
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -68,11 +70,12 @@ def _inlined(t):
 
 
 def warm_start_calls() -> None:
-    """Compile for inductor (entries saved; one compile left out: a local class cannot be
-    checked by name), then forget this process saved them and compile again, as a restarted
-    process would: the entry is loaded and installed, and first called under a stance that
-    never compiles.  A new constant each run: a kernel this process has not built yet, so
-    inductor's C++ build path is reached."""
+    """Compile for inductor (entries saved; compiles left out: a local class cannot be checked
+    by name, random.random() reads a function torch installs per process), then forget this
+    process saved them and compile again, as a restarted process would: the entry is loaded
+    and installed, and first called under a stance that never compiles.  A new constant
+    each run: a kernel this process has not built yet, so inductor's C++ build path is
+    reached.  An OrderedDict built again after the graph loads its module by an alias."""
 
     class Local:
         pass
@@ -86,12 +89,29 @@ def warm_start_calls() -> None:
     def left_out(t):
         return t + 1 if isinstance(local, Local) else t - 1
 
+    def rebuilt(t):
+        return OrderedDict(a=t * scale)
+
+    def drawn(t):
+        return t + random.random()
+
+    def broken(t):
+        y = t.sin()
+        torch._dynamo.graph_break()  # a resume function, which the entry restores
+        return y * scale
+
     x = torch.randn(8)
     for run in range(2):
         compiled = torch.compile(saved)
         with torch.compiler.set_stance("eager_on_recompile" if run else "default"):
             torch.testing.assert_close(compiled(x), (x.cos() + 0.5) * scale)
         torch.testing.assert_close(torch.compile(left_out)(x), x + 1)
+        torch.testing.assert_close(torch.compile(rebuilt)(x)["a"], x * scale)
+        random.seed(run)
+        got = torch.compile(drawn)(x)
+        random.seed(run)
+        torch.testing.assert_close(got, x + random.random())
+        torch.testing.assert_close(torch.compile(broken)(x), x.sin() * scale)
         torch._dynamo.reset()
         WARM.forget_process()
 

@@ -58,12 +58,12 @@ def test_a_compile_that_fails_with_stableguards_in_the_way_is_compiled_again_wit
 
     from stableguards.events import EVENTS
     from stableguards.hooks import STATE
-    from stableguards.warm_start import hooks as precompile
+    from stableguards.warm_start.hooks import bundling
 
     if "warm_start" not in STATE.installed:
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(precompile, "_is_output_code", lambda fn: True)
+    monkeypatch.setattr(bundling, "_is_output_code", lambda fn: True)
     x = torch.randn(8, requires_grad=True)
     torch._dynamo.reset()
     with torch._dynamo.config.patch(stable_guards=True), caplog.at_level(logging.WARNING, "stableguards"):

@@ -12,8 +12,8 @@ from bench_programs import WORKLOADS, restart_ab, restart_child
 
 # Where warm start applies (torch 2.15) a warm process traces nothing and looks nothing
 # up in the caches; the tests of the cache path leave it to torch.
-WITHOUT_WARM_START = {"on": {"STABLEGUARDS_DISABLE": "precompile"},
-                      "on, symbols off": {"STABLEGUARDS_DISABLE": "symbols,precompile"}}
+WITHOUT_WARM_START = {"on": {"STABLEGUARDS_DISABLE": "warm_start"},
+                      "on, symbols off": {"STABLEGUARDS_DISABLE": "symbols,warm_start"}}
 
 
 @pytest.mark.parametrize("workload, config", [(w, "on") for w in WORKLOADS]
@@ -77,7 +77,7 @@ def test_artifacts_never_cross_backend_configurations_after_a_restart():
 def test_a_restart_miss_is_explained_by_the_key_component_and_symbol():
     """With the stable parts off, the seed case misses; explain() says which component differs."""
     warm = restart_ab("seed", "inductor", "on", "set",
-                   {"STABLEGUARDS_DISABLE": "symbols,pgo,backend,precompile", **FX_ONLY})["warm"]
+                   {"STABLEGUARDS_DISABLE": "symbols,profiles,backends,warm_start", **FX_ONLY})["warm"]
     assert warm["fxgraph_cache_miss"] >= 1
     miss = next(line for line in warm["explain"].splitlines() if "FX-graph cache miss" in line)
     assert "example_inputs" in miss and "s68" in miss and "s69" in miss

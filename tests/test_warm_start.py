@@ -221,6 +221,21 @@ def _case_sources(rng: random.Random) -> dict[str, tuple[str, str]]:
         # Same qualname and line in another module: the cold run compiles one, the warm the other.
         "qualname_a": (function(f"def fn(x):\n    return x * {k1}\n"), function(f"def fn(x):\n    return x * {k1}\n")),
         "qualname_b": (function(f"def fn(x):\n    return x * {k2}\n"), function(f"def fn(x):\n    return x * {k2}\n")),
+        # The compiled code builds an OrderedDict again after the graph: torch loads the collections
+        # module through a global named after its id in this process, which a restart lacks.
+        "module_object": (function(f"from collections import OrderedDict\ndef fn(x):\n"
+                                   f"    return OrderedDict(a=x.sin() * {k1})\n"),
+                          function(f"from collections import OrderedDict\ndef fn(x):\n"
+                                   f"    return OrderedDict(a=x.sin() * {k2})\n")),
+        # random.random() in the graph: torch replays it through a function it installs per process.
+        "random_call": (function(f"import random\ndef fn(x):\n    return x + random.random() * {a}\n"),
+                        function(f"import random\ndef fn(x):\n    return x + random.random() * {b}\n")),
+        # functools.wraps across modules: fn names torch's module and runs in its own (torch would
+        # install its compiled graph in torch's globals).
+        "wraps_elsewhere": (function(f"import functools\n@functools.wraps(torch.sin)\ndef fn(x):\n"
+                                     f"    return x.sin() * {k1}\n"),
+                            function(f"import functools\n@functools.wraps(torch.sin)\ndef fn(x):\n"
+                                     f"    return x.sin() * {k2}\n")),
         "model_class": (model.format(cls="ModelA", act="ReLU", k=k1, how=METHOD),
                         model.format(cls="ModelB", act="ReLU", k=k2, how=METHOD)),
         "model_attribute": (model.format(cls="Model", act=MODULES[act1], k=k1, how="{}"),
@@ -282,7 +297,7 @@ def test_warm_process_is_never_served_an_entry_that_does_not_match(tmp_path, see
     # Unchanged cases whose guards can all be saved start warm: nothing traced.
     for name in ("global_value_same", "closure_value_same", "default_arg_same", "body_same",
                  "global_function_same", "class_check_same", "backend_same", "inductor_option_same", "model_class_same",
-                 "model_attribute_same", "local_helper_same", "local_choice_same"):
+                 "model_attribute_same", "local_helper_same", "local_choice_same", "module_object_same"):
         assert second["cases"][name]["frames"] == 0, (name, report)
 
 

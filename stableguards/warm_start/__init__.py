@@ -11,7 +11,7 @@ Its policy is plain logic:
 * ``proof``: the facts saved with an entry, and the check a restart makes;
 * ``index``: the last key saved per function, so a miss can name what changed.
 
-``hooks`` connects them to torch's package machinery, ``torch_guards`` reads
-torch's guard trees, ``state`` and ``messages`` are its process state and what
-it tells the event log.
+``hooks`` connects them to torch's package machinery and reads torch's guard
+trees (``hooks.proofs``); ``state`` and ``messages`` are its process state and
+what it tells the event log.
 """

@@ -53,7 +53,7 @@ class WarmStart:
         self.checking: contextvars.ContextVar[bool] = contextvars.ContextVar("stableguards_warm_checking",
                                                                              default=False)
         # What tracing the frame being compiled for a saved entry read beyond its guards
-        # (torch_guards.Traced); None outside such a compile.
+        # (hooks.proofs.Traced); None outside such a compile.
         self.traced: contextvars.ContextVar[Any] = contextvars.ContextVar("stableguards_warm_traced", default=None)
 
     def drop_loaded(self, package: Any = None) -> None:

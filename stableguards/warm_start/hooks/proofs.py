@@ -60,11 +60,13 @@ class ConstantCall:
 class Traced:
     """What tracing a frame for a saved entry read that its guards do not say: the functions
     it inlined with their globals, ``assume_constant_result`` calls, the environment
-    variables it read (None: the whole environment, which cannot be checked)."""
+    variables it read (None: the whole environment, which cannot be checked); and the resume
+    functions torch installed for it, which a package restores."""
 
     inlined: list[tuple[Any, dict]] = field(default_factory=list)
     constants: list[ConstantCall] = field(default_factory=list)
     environ: set[str] | None = field(default_factory=set)
+    resumes: set[str] = field(default_factory=set)
 
     def inline(self, code: Any, scope: dict, arguments: dict[str, Any]) -> None:
         """A function inlined, with its globals and its arguments (VariableTrackers)."""

@@ -1,0 +1,398 @@
+"""Warm start's hook layer: save each compiled frame's entry, install it in a restarted process.
+
+torch's package machinery (``torch._dynamo.package.CompilePackage``) saves a
+compiled frame (guards, transformed bytecode, graph artifacts) and installs it
+in another process.  Here it serves a store of stableguards' own, beside
+torch's, and only compiles stableguards set up; a user's ``caching_precompile``,
+``CompilePackage`` or ``strict_precompile`` get torch's behaviour, untouched.
+With the flag on:
+
+* a compile for a backend whose code torch can serialize (inductor) gets a
+  package of ours (``_optimize``); other compiles are torch's;
+* ``torch.compile(fn)`` looks the entry up under stableguards' key
+  (``warm_start.key.entry_key``: module, file, code hash, receiver class, backend
+  fingerprint, ``dynamic``, the Dynamo, inductor and functorch configurations)
+  and installs it (``_context_call``); entries are saved when compiled
+  (``compile_frame``, run by ``hooks.seams`` when a frame starts compiling);
+* nothing is trusted that is not checked: an entry's guards are saved with
+  its proof (``guards``, ``proofs``), checked by loading
+  them back before the entry is saved, and again in the restarted process on
+  the call the entry would serve first (``loaded``);
+* a load or install that fails falls back to a normal compile, with one warning;
+* a restarted process pays what a traced cache costs, no more: a loaded entry
+  joins Dynamo's cache on its first call (``loaded``),
+  where the entry that passed moves to the front and only its own backend is
+  served, and loading a cached graph skips inductor's precompiled-header step
+  (``bundling``);
+* every switch is scoped to our compiles: AOTAutograd bundling and its key
+  without the package's backend id (``bundling``), the guard pickler's
+  by-path code objects (``guards``).
+
+This module is a package's life: made, keyed, loaded, installed, compiled,
+saved.  ``loaded``: loaded entries joining Dynamo's cache; ``bundling``:
+AOTAutograd entries of ours; ``guards``: guards saved with their proof and
+built again in a restarted process; ``proofs``: the proofs on torch's trees.
+
+Needs torch's per-compile bypass (``CompilePackage.bypass_current_compile``,
+torch 2.15): with a per-function bypass one unsaveable compile drops the
+function's whole entry, and 2.13's install breaks a later in-process recompile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import weakref
+from pathlib import Path
+from typing import Any
+
+from stableguards.codes import frame_label
+from stableguards.components import Components
+from stableguards.events import EVENTS
+from stableguards.hooks.core import Hook, cache_subdir, registered_name
+from stableguards.warm_start import messages
+from stableguards.warm_start.hooks import bundling, guards, loaded, proofs
+from stableguards.warm_start.identity import module_of_globals
+from stableguards.warm_start.index import changed_components, write_index
+from stableguards.warm_start.key import entry_key
+from stableguards.warm_start.state import STATE
+
+_PACKAGE = "torch._dynamo.package"
+_AUTOGRAD_CACHE = "torch._functorch._aot_autograd.autograd_cache"
+# Bumped when what an entry holds changes meaning: older entries are then never found.
+_ENTRY_FORMAT = "3"
+
+
+@dataclasses.dataclass
+class Ours:
+    """A package stableguards made: what its key needs besides the function; once
+    torch.compile(fn) ran, the key and the function's code."""
+
+    backend: str
+    dynamic: Any
+    key: Components | None = None
+    code: Any = None
+
+
+def _serializable(backend: Any) -> bool:
+    """Backends whose compiled graphs torch saves in a package: inductor's."""
+    import torch
+
+    wrapper = getattr(torch, "_TorchCompileInductorWrapper", None)
+    return (isinstance(wrapper, type) and type(backend) is wrapper) or registered_name(backend) == "inductor" \
+        or backend == "inductor"
+
+
+def _optimize(call: Any, rebuild_ctx: Any, backend: Any = "inductor", *args: Any, **kwargs: Any) -> Any:
+    """Give a compile for a serializable backend a package of ours.  A user who set torch's
+    caching_precompile, or passed a package, gets torch's own."""
+    import torch._dynamo.config as dynamo_config
+
+    if kwargs.get("package") is not None or kwargs.get("disable") or dynamo_config.caching_precompile \
+            or not _serializable(backend):
+        return call(rebuild_ctx, backend, *args, **kwargs)
+    from torch._dynamo.package import CompilePackage
+
+    from stableguards.backends.hooks import backend_fingerprint
+
+    fingerprint = backend_fingerprint(backend)
+    if not fingerprint.stable:
+        return call(rebuild_ctx, backend, *args, **kwargs)
+    package = CompilePackage(fn=None, dynamo=None, ignore_inlined_sources=False)
+    STATE.ours[package] = Ours(f"{fingerprint.description} #{fingerprint.digest}", kwargs.get("dynamic"))
+    return call(rebuild_ctx, backend, *args, **{**kwargs, "package": package})
+
+
+def _context_call(call: Any, self: Any, fn: Any) -> Any:
+    """torch.compile(fn): initialize our package for ``fn``, with the saved entry under
+    stableguards' key if there is one, installed.
+
+    Installed entries live on the code object and serve every compiled context
+    that runs it, whatever its backend, so one code object gets entries from
+    one key only: a second context for it with another key (another backend,
+    options, receiver class) uninstalls them, and a context created after
+    another one loads nothing.  Both then compile as usual.  A callable with no
+    code of its own (a ``functools.partial``, a callable object) compiles
+    without a package, as it would with the flag off.
+    """
+    package = getattr(self, "_package", None)
+    ours = STATE.ours.get(package) if package is not None else None
+    if ours is None or package.is_initialized():
+        return call(self, fn)
+    target = _target(fn)
+    code = getattr(getattr(target, "__func__", target), "__code__", None)
+    if code is not None and (elsewhere := _runs_elsewhere(target)):
+        messages.left_out(frame_label(code), elsewhere)
+        self._package = None
+        return call(self, fn)
+    key = _key_for(ours, target) if code is not None else None
+    if code is None or not _claim(code, key.digest if key is not None else None) or key is None:
+        self._package = None  # torch's compile, without a package
+        return call(self, fn)
+    ours.key, ours.code = key, code
+    # Warm start is for a restarted process.  An entry this process saved itself
+    # is not loaded back (after torch._dynamo.reset(), say): torch's own caches
+    # serve that compile, as without the flag.
+    entry = _load(key, code) if key.digest not in STATE.saved_here else None
+    _initialize(package, target, entry, code, key)
+    return call(self, fn)
+
+
+def _runs_elsewhere(target: Any) -> str | None:
+    """Why ``target``'s entry could not be installed where its code runs, or None.
+
+    torch installs a package's compiled graphs and builds its guards in the
+    module ``fn.__module__`` names; a wrapper made with ``functools.wraps`` in
+    another module names the wrapped function's module while its code runs in
+    its own globals: the restarted process would check another module's
+    globals and run code that cannot find its graph."""
+    function = getattr(target, "__func__", target)
+    runs_in = module_of_globals(getattr(function, "__globals__", {}))
+    named = getattr(function, "__module__", None)
+    if runs_in == named:
+        return None
+    return (f"it names module {named!r} but runs in {runs_in or 'globals of no module'!r} (functools.wraps "
+            f"across modules): its entry would be installed in the wrong module")
+
+
+def _load(key: Components, code: Any) -> Any:
+    """The saved entry under ``key``, or None (nothing saved, or unreadable: one warning)."""
+    path = _store_path(key.digest)
+    if not path.exists():
+        _explain_miss(code, key)
+        return None
+    try:
+        return _store().load_cache_entry(key.digest)
+    except Exception as error:  # noqa: BLE001 - a corrupt or foreign entry: compile as usual
+        EVENTS.warn_once("warm start load", f"stableguards: a saved compiled entry could not be read ({error!r:.200}); "
+                                           f"compiling as usual")
+        messages.not_used(frame_label(code), f"unreadable: {error!r:.200}")
+        return None
+
+
+def _initialize(package: Any, target: Any, entry: Any, code: Any, key: Components) -> None:
+    """Initialize ``package`` for ``target`` with the saved entry installed; on any failure,
+    fresh (torch's own constructor resets a package that half-installed)."""
+    if entry is not None:
+        try:
+            package.initialize(target, entry.dynamo, ignore_inlined_sources=False)
+            _install(package, entry.backends)
+        except Exception as error:  # noqa: BLE001 - changed sources, versions, a failed install
+            with contextlib.suppress(Exception):
+                package.uninstall()
+            STATE.drop_loaded(package)
+            package.__init__(fn=None, dynamo=None, ignore_inlined_sources=False)
+            messages.not_used(frame_label(code), f"{error!r:.200}")
+        else:
+            STATE.installed[STATE.by_code(code)] = (key.digest, weakref.ref(package))
+            messages.loaded(frame_label(code))
+            return
+    package.initialize(target, None, ignore_inlined_sources=False)
+
+
+def _install(package: Any, backends: Any) -> None:
+    """Install a package's entries (``_keep_loaded`` receives each).  A failure warns once."""
+    token = STATE.installing.set(package)
+    try:
+        package.install(backends)
+    except Exception as error:
+        EVENTS.warn_once("warm start install", f"stableguards: a saved compiled entry could not be installed "
+                                              f"({error!r}); compiling as usual")
+        raise
+    finally:
+        STATE.installing.reset(token)
+
+
+def _claim(code: Any, digest: str | None) -> bool:
+    """Record a compiled context for ``code``; whether it may load and save entries."""
+    mine = digest or "other"
+    row = STATE.by_code(code)
+    installed = STATE.installed.get(row)
+    if installed is not None and installed[0] != mine:
+        package = installed[1]()
+        if package is not None:
+            package.uninstall()
+        del STATE.installed[row]
+        messages.left_out(
+            frame_label(code), "its installed entry was removed: another compiled context (backend, options "
+                               "or receiver class) runs the same code in this process")
+    seen = STATE.contexts.setdefault(row, set())
+    others = seen - {mine}
+    seen.add(mine)
+    return digest is not None and not others
+
+
+def _target(fn: Any) -> Any:
+    """What torch.compile(fn) compiles and keys by: a module's forward, unwrapped."""
+    import torch
+    from torch._dynamo.eval_frame import innermost_fn
+
+    return innermost_fn(fn.forward if isinstance(fn, torch.nn.Module) else fn)
+
+
+def _key_for(ours: Ours, target: Any) -> Components:
+    from torch._dynamo.package import CompilePackage
+
+    key = entry_key(torch_key=CompilePackage.source_id_from_fn(target), fn=target, backend=ours.backend,
+                    options={"dynamic": ours.dynamic}, configs=_configs())
+    return Components((("format", _ENTRY_FORMAT), *key.items))
+
+
+def _configs() -> dict[str, dict[str, Any]]:
+    import torch._dynamo.config as dynamo_config
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    from stableguards.hooks.core import FLAG
+
+    # Copies: a custom pass is written by its uuid(), an object with an address in its repr
+    # as one this process alone knows (key.stable_repr).
+    dynamo = {k: v for k, v in dynamo_config.get_config_copy().items() if k != FLAG}
+    return {"dynamo": dynamo, "inductor": inductor_config.get_config_copy(),
+            "functorch": functorch_config.get_config_copy()}
+
+
+def _store() -> Any:
+    """Our entries' store: torch's disk store, in a directory of ours."""
+    from torch._dynamo.package import DiskDynamoStore
+
+    return DiskDynamoStore(str(cache_subdir("warm_start") / "entries"))
+
+
+def _store_path(digest: str) -> Path:
+    return cache_subdir("warm_start") / "entries" / digest / "entry"
+
+
+def _bypass_current_compile(call: Any, *args: Any, **kwargs: Any) -> None:
+    """Feature detection only: torch's per-compile bypass exists (see the module docstring)."""
+    return call(*args, **kwargs)
+
+
+def compile_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
+    """A frame starts compiling (``hooks.seams``): compile it for our package, then save its
+    entry: every compile, not only on request.
+
+    A compile that fails with our package in the way (bundling, guard saving)
+    is compiled again without it, once; the function goes on without a package.
+    Only inductor compiles get a package, so a user's backend is never called
+    twice; a failure torch raises on purpose (a strict cache's bypass) or
+    Dynamo's control flow is not retried."""
+    package = getattr(self, "_package", None)
+    ours = STATE.ours.get(package) if package is not None else None
+    if ours is None or ours.key is None or not package.is_initialized():
+        if ours is not None:
+            # Never initialized by torch.compile(fn) (a context used as a decorator or
+            # a `with` block): torch would fail on it, so this compile goes without.
+            self._package = None
+        return call(self, frame, *args, **kwargs)
+    frame_name = frame_label(frame.f_code)
+    tokens = [(STATE.frame, STATE.frame.set(frame_name)), (STATE.bundling, STATE.bundling.set(True)),
+              (STATE.traced, STATE.traced.set(proofs.Traced()))]
+    try:
+        result = call(self, frame, *args, **kwargs)
+    except Exception as error:
+        if not _retry_without_package(error):
+            raise
+        failure = error
+    else:
+        failure = None
+    finally:
+        for var, token in reversed(tokens):
+            var.reset(token)
+    if failure is not None:
+        self._package = None
+        EVENTS.fell_back("warm start compile", failure)
+        messages.left_out(frame_name, f"compiling it for a saved entry failed ({failure!r:.200}); compiled "
+                                      f"again without")
+        return call.fn(self, frame, *args, **kwargs)
+    _save(package, ours, frame_name)
+    return result
+
+
+def _retry_without_package(error: Exception) -> bool:
+    """A failure that compiling without our package might not have: a backend failure, a
+    package error, an internal error or any exception outside Dynamo's own; not Dynamo's
+    control flow (a graph break, a skipped frame, a restart), not torch's deliberate
+    refusal to cache under ``strict_autograd_cache``."""
+    from torch._dynamo import exc
+    from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
+
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, (BypassAOTAutogradCache, exc.FailOnRecompileLimitHit)):
+            return False
+        cause = getattr(cause, "inner_exception", None) or cause.__cause__
+    if isinstance(error, exc.TorchDynamoException):
+        return isinstance(error, (exc.BackendCompilerFailed, exc.InternalTorchDynamoError, exc.PackageError))
+    return True
+
+
+def _save(package: Any, ours: Ours, frame: str) -> None:
+    from torch._dynamo.precompile_context import PrecompileContext
+    from torch.compiler._cache import CacheArtifactManager
+
+    entry = package.cache_entry()
+    if not any(code.guarded_codes for code in entry.codes):
+        return
+    if unsaveable := [STATE.unsaveable[bid] for bid in entry.backend_ids if bid in STATE.unsaveable]:
+        STATE.pending.pop(package, None)
+        messages.left_out(frame, f"a backward compiled on first use cannot be saved: "
+                                                      f"{unsaveable[0]}")
+        return
+    if any(PrecompileContext.serialize_artifact_by_key(bid) is None for bid in entry.backend_ids):
+        # A training graph's AOTAutograd entry exists once its backward has
+        # compiled, on first use: saved then (_record_artifact).
+        if package not in STATE.pending:
+            messages.pending(frame)
+        STATE.pending[package] = frame
+        return
+    try:
+        # Written to our store only: torch's mega-cache (save_cache_artifacts) records
+        # what the user's settings make torch save, and these entries are ours.
+        with CacheArtifactManager.with_fresh_cache():
+            _store().save_cache_entry(entry, ours.key.digest)
+    except RuntimeError as error:
+        messages.left_out(frame, f"not saved ({error})")
+        return
+    STATE.pending.pop(package, None)
+    messages.saved()
+    STATE.saved_here.add(ours.key.digest)
+    write_index(cache_subdir("warm_start"), ours.key, ours.code)
+
+
+def _record_artifact(call: Any, cls: Any, artifact: Any) -> None:
+    """A graph's compiled artifact arrived (a backward, compiled on first use): save the
+    packages that waited for one."""
+    call(cls, artifact)
+    for package, frame in list(STATE.pending.items()):
+        _save(package, STATE.ours[package], frame)
+
+
+def _bypass_package(call: Any, self: Any, reason: str = "", **kwargs: Any) -> None:
+    """A compile left out of one of our packages: named in explain() rather than in torch's
+    warning, and never an error (``strict_precompile`` is about the user's packages)."""
+    frame = STATE.frame.get()
+    if frame is None or self.package is None or self.package not in STATE.ours:
+        return call(self, reason, **kwargs)
+    messages.left_out(frame, reason)
+    self.package.bypass_current_compile()
+    self.package = None
+
+
+def _explain_miss(code: Any, key: Components) -> None:
+    differences = changed_components(cache_subdir("warm_start"), key, code)
+    if differences:
+        messages.missed(frame_label(code), differences)
+
+
+HOOKS = [
+    Hook("torch._dynamo.eval_frame", "_optimize", "warm_start", _optimize, params=("backend", "package")),
+    Hook("torch._dynamo.eval_frame", "_TorchDynamoContext.__call__", "warm_start", _context_call,
+         params=("fn",)),
+    Hook(_PACKAGE, "CompilePackage.bypass_current_compile", "warm_start", _bypass_current_compile),
+    Hook("torch._dynamo.output_graph", "OutputGraph.bypass_package", "warm_start", _bypass_package,
+         params=("reason",)),
+    Hook("torch._dynamo.precompile_context", "PrecompileContext.record_artifact", "warm_start", _record_artifact,
+         params=("artifact",)),
+]
+HOOKS += loaded.HOOKS + bundling.HOOKS + guards.HOOKS

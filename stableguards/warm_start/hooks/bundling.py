@@ -1,0 +1,186 @@
+"""AOTAutograd entries of ours: bundled (a package saves its graphs from them), keyed as without a
+package, counted as the FX-graph hits they stand for, and loaded without C++ build work."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+from stableguards.hooks.core import Hook
+from stableguards.warm_start.state import STATE
+
+_AUTOGRAD_CACHE = "torch._functorch._aot_autograd.autograd_cache"
+_PACKAGE = "torch._dynamo.package"
+
+
+def _bundle_autograd_entries(call: Any) -> bool:
+    """AOTAutograd entries of ours are bundled (self-contained): a package saves its graphs
+    from them.  Any other compile bundles as the user's settings say."""
+    return STATE.bundling.get() or call()
+
+
+def _compile_backward(call: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    """A backward compiled on first use, for a graph of ours: its entry is bundled too."""
+    backend_id = getattr(self.aot_config, "precompile_backend_id", None)
+    if backend_id not in STATE.backend_ids:
+        return call(self, *args, **kwargs)
+    tokens = [(STATE.bundling, STATE.bundling.set(True)), (STATE.backward_of, STATE.backward_of.set(backend_id))]
+    try:
+        return call(self, *args, **kwargs)
+    finally:
+        for var, token in reversed(tokens):
+            var.reset(token)
+
+
+def _save_aot_entry(call: Any, *compiled_fns: Any) -> bool:
+    """Whether AOTAutograd saves a graph's entry.  A bundled entry holds inductor's compiled
+    code; for a graph with nothing to compute inductor returns the graph itself, which
+    bundling cannot hold (torch 2.15 fails the compile: "expected OutputCode").  Such a
+    graph of ours is saved as the user's settings say, and left out of its entry."""
+    if not STATE.bundling.get() or all(_is_output_code(fn) for fn in compiled_fns if fn is not None):
+        return call(*compiled_fns)
+    token = STATE.bundling.set(False)
+    try:
+        saved = call(*compiled_fns)
+    finally:
+        STATE.bundling.reset(token)
+    _leave_out("inductor returned a graph with nothing to compute as it is: there is no compiled code to save")
+    return saved
+
+
+def _is_output_code(fn: Any) -> bool:
+    from torch._inductor.output_code import OutputCode
+
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return isinstance(fn, OutputCode)
+
+
+def _leave_out(reason: str) -> None:
+    """Leave the graph being compiled out of our package: the frame's compile (torch's
+    per-compile bypass), or the function whose backward this is."""
+    backward_of = STATE.backward_of.get()
+    if backward_of is not None:
+        STATE.unsaveable[backward_of] = reason
+        return
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    tx = getattr(InstructionTranslator, "current_tx", lambda: None)()
+    if tx is not None and tx.output.package is not None:
+        tx.output.bypass_package(reason)
+
+
+def _user_bundles() -> bool:
+    """Whether torch would bundle AOTAutograd entries with the user's settings alone."""
+    import torch._dynamo.config as dynamo_config
+    import torch._functorch.config as functorch_config
+
+    return bool(functorch_config.bundled_autograd_cache or dynamo_config.caching_precompile)
+
+
+def _count_bundled_hit(call: Any, self: Any, example_inputs: Any) -> Any:
+    """An inductor graph served from a bundled AOTAutograd entry counts as an FX-graph
+    cache hit when only warm start bundles: unbundled, the same AOTAutograd hit
+    reads the graph from the FX-graph cache and counts it there (the counter and
+    the compile event), and users read them to see how much a cache saved."""
+    result = call(self, example_inputs)
+    if STATE.bundling.get() and not _user_bundles():
+        from torch._dynamo.utils import CompileEventLogger, counters
+
+        counters["inductor"]["fxgraph_cache_hit"] += 1
+        CompileEventLogger.try_(CompileEventLogger.increment_toplevel, "inductor_fx_local_cache_hit_count")
+    return result
+
+
+def _load_compiled_graph(call: Any, self: Any, constants: Any) -> Any:
+    """Load a cached inductor graph for one of our entries without preparing to compile C++
+    (see _precompile_header)."""
+    if STATE.installing.get() is None:
+        return call(self, constants)
+    token = STATE.loading_compiled.set(True)
+    try:
+        return call(self, constants)
+    finally:
+        STATE.loading_compiled.reset(token)
+
+
+def _precompile_header(call: Any, header: str, hashable_cmd_line: str, **compile_command: Any) -> str | None:
+    """No precompiled header while a cached graph of ours loads.
+
+    Loading a cached CPU graph imports its module, whose C++ kernels are
+    already built in the cache dir; inductor still runs the preprocessor over
+    its kernel header and hashes the output first (0.2 s a process here), to
+    name a precompiled header that only a compile would use.  The kernels'
+    paths do not depend on it (inductor computes them before it).  So a load
+    goes without one; a kernel missing from disk then compiles without a
+    precompiled header: the same binary, more slowly.
+    """
+    if STATE.loading_compiled.get():
+        return None
+    return call(header, hashable_cmd_line, **compile_command)
+
+
+def _add_backend_id(call: Any, self: Any, backend_id: str, *args: Any, **kwargs: Any) -> None:
+    """A graph compiled for one of our packages: its backend id marks it ours wherever it
+    compiles more (a backward on first use, a specialization at call time)."""
+    if self in STATE.ours:
+        STATE.backend_ids.add(backend_id)
+    return call(self, backend_id, *args, **kwargs)
+
+
+def _ours(backend_id: str | None) -> bool:
+    return backend_id is not None and (STATE.frame.get() is not None or backend_id in STATE.backend_ids)
+
+
+@contextlib.contextmanager
+def _sanitized_for_key(call: Any, gm: Any) -> Iterator[None]:
+    """A graph of ours keyed as it is without a package.  torch clears ``_backend_id`` while
+    it computes the AOTAutograd key; set by a package compile it sits earlier in the
+    graph module's ``__dict__`` than where clearing puts it, and the pickled dict, so
+    the key, differs from a compile without a package (flag off, or a frame left out)."""
+    backend_id = gm.__dict__.pop("_backend_id", None) if _ours(getattr(gm, "_backend_id", None)) else None
+    try:
+        with call(gm):
+            yield
+    finally:
+        if backend_id is not None:
+            gm._backend_id = backend_id
+
+
+def _reduce_aot_config(call: Any, self: Any, aot_config: Any) -> Any:
+    """AOTAutograd's cache key for our compiles, without the package's backend id.
+
+    A package compile names its graph ``__compiled_fn_N_<uuid>``, new per
+    compile, and torch puts that name in the AOTAutograd key, so every frame
+    compiled under a package missed the AOTAutograd cache.  The name only labels
+    the bundled artifact; on a hit torch records the artifact under the current
+    compile's name, never the cached one.  So two keys that differ only there
+    stand for the same compiled graph.  Other packages' keys are torch's."""
+    if _ours(getattr(aot_config, "precompile_backend_id", None)):
+        aot_config = dataclasses.replace(aot_config, precompile_backend_id=None)
+    return call(self, aot_config)
+
+
+HOOKS = [
+    # should_bundle_autograd_cache and graph_compile's by-name copy of it (lazy: they
+    # import inductor).
+    Hook(_AUTOGRAD_CACHE, "should_bundle_autograd_cache", "warm_start", _bundle_autograd_entries, lazy=True),
+    Hook("torch._functorch._aot_autograd.graph_compile", "should_bundle_autograd_cache", "warm_start",
+         _bundle_autograd_entries, lazy=True),
+    Hook("torch._functorch._aot_autograd.runtime_wrappers", "_AutogradBackwardCompiler.get_or_compile",
+         "warm_start", _compile_backward, lazy=True),
+    Hook("torch._functorch._aot_autograd.graph_compile", "_should_save_cache", "warm_start", _save_aot_entry,
+         lazy=True),
+    Hook("torch._functorch._aot_autograd.aot_autograd_result", "BundledOutputCodeLoadable.load", "warm_start",
+         _count_bundled_hit, params=("example_inputs",), lazy=True),
+    Hook(_AUTOGRAD_CACHE, "AOTAutogradCachePickler._reduce_aot_config", "warm_start", _reduce_aot_config,
+         params=("aot_config",), lazy=True),
+    Hook(_AUTOGRAD_CACHE, "sanitize_gm_for_cache", "warm_start", _sanitized_for_key, params=("gm",), lazy=True),
+    Hook(_PACKAGE, "CompilePackage.add_backend_id", "warm_start", _add_backend_id, params=("backend_id",)),
+    Hook("torch._inductor.output_code", "CompiledFxGraph.after_deserialization", "warm_start",
+         _load_compiled_graph, params=("constants",), lazy=True),
+    Hook("torch._inductor.codecache", "_precompile_header", "warm_start", _precompile_header,
+         params=("header", "hashable_cmd_line"), lazy=True),
+]

@@ -1,0 +1,299 @@
+"""An entry's guards: saved with their proof and checked on the real trees; built again in a
+restarted process from the cold process's ambient state.  The by-name builders
+(``MODULE_BY_NAME`` ...) are referred to by name from saved entries."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import inspect
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+from stableguards.codes import code_at, code_path
+from stableguards.hooks.core import Hook, TorchError
+from stableguards.warm_start.guard_rules import Unprovable
+from stableguards.warm_start.hooks import proofs
+from stableguards.warm_start.state import STATE
+
+_PACKAGE = "torch._dynamo.package"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LoadedProof:
+    """Kept on a loaded entry's guard manager (``_load_guard_manager``): what it must prove,
+    the guard state it was built from, and the globals it checks."""
+
+    proof: Any
+    guards_state: Any
+    f_globals: dict
+
+
+def _serialize_guards(call: Any, self: Any, builder: Any, sorted_guards: list, output_graph: Any) -> Any:
+    """Save the entry's guards with its proof, and check them on the real trees.
+
+    torch refuses to save an identity guard (``ID_MATCH``, ``CLASS_MATCH``,
+    ``MODULE_MATCH``, ``CLOSURE_MATCH``: ids differ between processes), so every
+    nn.Module call and every inlined function reached through a global would
+    leave the entry out.  Here such a guard is saved under another name for the
+    same builder method (``*_BY_NAME``): torch pickles the scope with modules,
+    classes and importable functions by reference (a local function's code by
+    its path, ``_reduce_code``), so a restarted process rebuilds an identity
+    check against the object of that name *there*.  That alone proves nothing
+    about the object the cold compile saw; what does is the entry's proof:
+
+    * the live tree's facts (``proofs.live_proof``): each leaf guard in
+      words that mean the same in every process, identities included, and the
+      facts Dynamo left unguarded.  A guard with no such words (no rule, an
+      object with no identity) leaves the entry out, named;
+    * the saved guards are loaded back here and must prove every fact and
+      pass on the compiled call (``proofs.round_trip``), or the entry is
+      left out, naming the guard;
+    * the proof is saved with the guards; a restarted process checks the tree
+      it loaded against it before the entry serves a call (``_serve_loaded``).
+
+    Refusals are torch's PackageError: torch leaves this compile out of the
+    package (``bypass_package``), and explain() says why.  Other packages'
+    guards are torch's.
+    """
+    if STATE.frame.get() is None:
+        return call(self, builder, sorted_guards, output_graph)
+    import dataclasses
+
+    from torch._dynamo.exc import PackageError
+
+    if unrestored := _unrestored(output_graph):
+        raise TorchError(PackageError(f"its compiled code reads {', '.join(unrestored)}: globals torch made in this "
+                                      f"process for it, which a restarted process would not have"))
+    saved = []
+    for guard in sorted_guards:
+        replacement = _replacement(guard)
+        if replacement is not None:
+            _keep_builtin(self, guard, output_graph)
+            guard = dataclasses.replace(guard, create_fn=replacement, guard_types=None)
+        saved.append(guard)
+    try:
+        proof = proofs.live_proof(self.guard_manager, builder, sorted_guards, output_graph,
+                                      STATE.traced.get() or proofs.Traced())
+    except Unprovable as why:
+        raise TorchError(PackageError(f"stableguards cannot prove it in another process: {why}")) from None
+    token = STATE.proof.set(proof)
+    try:
+        saved_state = call(self, builder, saved, output_graph)
+    finally:
+        STATE.proof.reset(token)
+    why = _round_trip(proof, saved_state, builder.f_code, output_graph)
+    if why is not None:
+        raise TorchError(PackageError(f"stableguards: the saved guards do not prove what the live ones do: {why}"))
+    return saved_state
+
+
+def _round_trip(proof: Any, saved_state: bytes, code: Any, output_graph: Any) -> str | None:
+    """Load the saved guards back, as a restarted process will, and compare (same process)."""
+    from torch._dynamo.package import load_guard_manager, load_guards_state
+
+    state = load_guards_state(saved_state)
+    token = STATE.checking.set(True)
+    try:
+        loaded = load_guard_manager(state, code, output_graph.global_scope)
+    finally:
+        STATE.checking.reset(token)
+    return proofs.round_trip(proof, loaded, state, output_graph)
+
+
+def _pickle_guards_state(call: Any, state: Any, builder: Any) -> bytes:
+    """The entry's proof goes into the saved guard state (``_serialize_guards``)."""
+    proof = STATE.proof.get()
+    if proof is not None:
+        state.stableguards_proof = proof.to_state()
+    return call(state, builder)
+
+
+def _load_guard_manager(call: Any, guards_state: Any, target_code: Any, runtime_global_scope: Any) -> Any:
+    """Build a saved entry's guards from the cold process's ambient state, not this one's,
+    and keep its proof beside them for ``_serve_loaded``.
+
+    Two guards read the process's state when they are built rather than the
+    saved state they print: the default device and the saved-tensor hooks.  The
+    cold process proved "the default device was D" and "no inlineable hooks were
+    active"; built under the same state, the loaded guards check each call for
+    that (a warm ``torch.compile`` inside a ``saved_tensors_hooks`` context would
+    otherwise build "these hooks", by id).  Only our own entries are touched."""
+    if STATE.installing.get() is None and not STATE.checking.get():
+        return call(guards_state, target_code, runtime_global_scope)
+    from stableguards.warm_start.proof import Proof
+
+    with _cold_ambient_state(guards_state.output_graph.current_device):
+        guard_manager = call(guards_state, target_code, runtime_global_scope)
+    guard_manager.stableguards = LoadedProof(Proof.from_state(getattr(guards_state, "stableguards_proof", None)),
+                                             guards_state, runtime_global_scope)
+    return guard_manager
+
+
+@contextlib.contextmanager
+def _cold_ambient_state(device: Any) -> Iterator[None]:
+    """The default device the cold compile saw, and no inlineable saved-tensor hooks (the only
+    hooks an entry is saved under), while guards are built."""
+    import torch
+    import torch.utils._device as device_state
+    from torch._functorch._aot_autograd import utils
+
+    popped = []
+    while utils.saved_tensors_hooks_are_inlineable(utils.top_saved_tensors_hooks()):
+        popped.append(utils.top_saved_tensors_hooks())
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+    prior, device_state.CURRENT_DEVICE = device_state.CURRENT_DEVICE, device
+    try:
+        yield
+    finally:
+        device_state.CURRENT_DEVICE = prior
+        for pack, unpack in reversed(popped):
+            torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
+
+
+def _unrestored(output_graph: Any) -> list[str]:
+    """Globals this compile installed for its code or guards that a restarted process will
+    not have.
+
+    A package installs the import aliases, compiled graphs and resume functions it
+    records, and the builtins dict; torch also installs globals named after an object's
+    id in this process (a weakref, a tensor subclass, ``__gen_rand_values`` for
+    ``random.random()``).  Code that reads one after a restart raises NameError, so such
+    a compile is left out of its entry.  What torch installed is its own record
+    (``installed_globals``); only resume functions are told by a hook
+    (``_record_resume``), so a hook that failed leaves more out, never less."""
+    entry = output_graph.package.current_entry if output_graph.package is not None else None
+    traced = STATE.traced.get()
+    restored = {*(entry.import_sources if entry is not None else ()), *(entry.backend_ids if entry is not None else ()),
+                output_graph.name_of_builtins_dict_key_in_fglobals, *(traced.resumes if traced is not None else ())}
+    return sorted(set(output_graph.installed_globals) - restored)
+
+
+def _record_resume(call: Any, self: Any, name: str, *args: Any, **kwargs: Any) -> None:
+    """A resume function installed for a compile of ours: the package records and restores it."""
+    call(self, name, *args, **kwargs)
+    traced = STATE.traced.get()
+    if traced is not None:
+        traced.resumes.add(name)
+
+
+def _module_by_alias(call: Any, self: Any, prefix: str, value: Any) -> str:
+    """A module a compile of ours loads by a global named after its id in this process (to
+    build an ``OrderedDict`` again after the graph, ``torch`` for ``type(t)``): through
+    torch's import alias instead, which the package saves and a restarted process installs."""
+    if STATE.traced.get() is None or self.package is None or not isinstance(value, types.ModuleType) \
+            or sys.modules.get(value.__name__) is not value:
+        return call(self, prefix, value)
+    return self.root_tx.import_source(value.__name__).global_name
+
+
+def _record_constant(call: Any, tx: Any, fn: Any, name: str, args: Any, kwargs: Any) -> Any:
+    """An ``assume_constant_result`` function called while tracing for a saved entry: its
+    result is a fact of the entry (``warm_start.facts.CONSTANT_RESULT``)."""
+    traced = STATE.traced.get()
+    if traced is None:
+        return call(tx, fn, name, args, kwargs)
+
+    def recorded(*a: Any, **k: Any) -> Any:
+        result = fn(*a, **k)
+        traced.constants.append(proofs.ConstantCall(fn, a, k, result))
+        return result
+
+    return call(tx, recorded, name, args, kwargs)
+
+
+def _record_inlined(call: Any, self: Any, *args: Any, **kwargs: Any) -> None:
+    """A function inlined while tracing for a saved entry, with the globals it reads (the
+    builtins it reads must not be shadowed there in a restarted process)."""
+    traced = STATE.traced.get()
+    if traced is not None:
+        bound = _signature(call.fn).bind(self, *args, **kwargs).arguments
+        traced.inline(bound["code"], bound["funcvar"].get_globals(), bound["symbolic_locals"])
+    return call(self, *args, **kwargs)
+
+
+@functools.cache
+def _signature(fn: Any) -> inspect.Signature:
+    return inspect.signature(fn)
+
+
+def _reduce_code(call: Any, self: Any, obj: Any) -> Any:
+    """The guard pickler saves a local function's code object by its path from an
+    importable function (``warm_start.code_path``), so a restarted process gets
+    the code object its live functions share, and an identity check on
+    ``fn.__code__`` (``CLOSURE_BY_NAME``) can pass there.  Other objects, and
+    code without such a path, are pickled as torch pickles them (by value, a
+    fresh code object that no live function runs: that check never passes).
+    Other packages' guards are pickled as torch pickles them."""
+    if isinstance(obj, types.CodeType) and STATE.frame.get() is not None:
+        path = code_path(obj)
+        if path is not None:
+            return code_at, path
+    return call(self, obj)
+
+
+def _keep_builtin(manager: Any, guard: Any, output_graph: Any) -> None:
+    """A guard on ``__builtins_dict__['all']`` needs ``all`` in the saved builtins, which
+    torch prunes to the names its own BUILTIN_MATCH guards recorded."""
+    from torch._dynamo.source import DictGetItemSource, GlobalSource
+
+    source = guard.originating_source
+    if (isinstance(source, DictGetItemSource) and isinstance(source.index, str)
+            and isinstance(source.base, GlobalSource)
+            and source.base.global_name == output_graph.name_of_builtins_dict_key_in_fglobals):
+        manager.used_builtin_vars.add(source.index)
+
+
+def _replacement(guard: Any) -> Any:
+    """The by-name builder method for an identity guard; whether the rebuilt check proves
+    what this one did is checked on the trees (``_serialize_guards``), not assumed."""
+    kind = guard.create_fn_name()
+    # An id check is what MODULE_MATCH and CLASS_MATCH run; CLOSURE_MATCH must not fall back to one.
+    if kind not in _REPLACEMENTS or not set(guard.guard_types or ()) <= {kind, *_ID_CHECKS.get(kind, ())}:
+        return None
+    return _REPLACEMENTS[kind]
+
+
+def _same_check_as(kind: str) -> Any:
+    def check(builder: Any, guard: Any) -> None:
+        getattr(type(builder), kind)(builder, guard)
+
+    check.__name__ = check.__qualname__ = kind.replace("_MATCH", "_BY_NAME")
+    return check
+
+
+# torch's own check, under a name torch saves; module-level so the saved entry
+# refers to it by name.
+MODULE_BY_NAME = _same_check_as("MODULE_MATCH")
+CLASS_BY_NAME = _same_check_as("CLASS_MATCH")
+CLOSURE_BY_NAME = _same_check_as("CLOSURE_MATCH")
+ID_BY_NAME = _same_check_as("ID_MATCH")
+FUNCTION_BY_NAME = _same_check_as("FUNCTION_MATCH")
+_REPLACEMENTS = {"MODULE_MATCH": MODULE_BY_NAME, "CLASS_MATCH": CLASS_BY_NAME, "CLOSURE_MATCH": CLOSURE_BY_NAME,
+                 "FUNCTION_MATCH": FUNCTION_BY_NAME, "ID_MATCH": ID_BY_NAME}
+_ID_CHECKS = {"MODULE_MATCH": ("ID_MATCH",), "CLASS_MATCH": ("ID_MATCH",), "FUNCTION_MATCH": ("ID_MATCH",)}
+
+
+HOOKS = [
+    Hook("torch._dynamo.guards", "CheckFunctionManager.serialize_guards", "warm_start", _serialize_guards,
+         params=("builder", "sorted_guards", "output_graph")),
+    Hook("torch._dynamo.guards", "GuardsStatePickler.reducer_override", "warm_start", _reduce_code,
+         params=("obj",)),
+    Hook("torch._dynamo.guards", "pickle_guards_state", "warm_start", _pickle_guards_state,
+         params=("state", "builder")),
+    Hook(_PACKAGE, "load_guard_manager", "warm_start", _load_guard_manager,
+         params=("guards_state", "target_code", "runtime_global_scope")),
+    Hook("torch._dynamo.output_graph", "OutputGraph.install_global_by_id", "warm_start", _module_by_alias,
+         params=("prefix", "value")),
+    Hook("torch._dynamo.output_graph", "OutputGraph.install_resume_function_global", "warm_start",
+         _record_resume, params=("name",)),
+    # assume_constant_result calls (builtin.py imports it from here when called).  nn_module's
+    # by-name copy runs only for a specialized module, whose NN_MODULE guard is never saved.
+    Hook("torch._dynamo.variables.functions", "invoke_and_store_as_constant", "warm_start", _record_constant,
+         params=("tx", "fn", "name", "args", "kwargs")),
+    Hook("torch._dynamo.symbolic_convert", "InliningInstructionTranslator.__init__", "warm_start", _record_inlined,
+         params=("parent", "code", "symbolic_locals", "funcvar")),
+]

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import json
 import sys
+from collections import OrderedDict
 
 import torch
 
@@ -48,6 +49,14 @@ def _nothing(x):
     return None
 
 
+def _ordered(x):
+    return OrderedDict(a=x.sin(), b=x * 2)  # built again after the graph: collections is loaded
+
+
+def _type_checked(x):
+    return x * 2 if type(x) is torch.Tensor else x  # Dynamo loads torch to check the type
+
+
 def _several(x):
     return x, x.view(-1), x[0], x * 1, 3
 
@@ -73,6 +82,8 @@ CASES = {
     "detached_loss": _detach_step,
     "inplace_only": _inplace,
     "returns_none": _nothing,
+    "ordered_dict": _ordered,
+    "type_checked": _type_checked,
     "several_outputs": _several,
     "graph_break": _graph_break,
     "partial": functools.partial(_keyword, k=3.0),
@@ -93,6 +104,8 @@ def _inputs(name: str) -> torch.Tensor:
 def _flat(value) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value.detach().float()]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _flat(v)]
     if isinstance(value, (tuple, list)):
         return [t for v in value for t in _flat(v)]
     return [torch.tensor(float(value))] if isinstance(value, (int, float)) else []

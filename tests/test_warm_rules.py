@@ -110,6 +110,21 @@ def test_a_class_is_its_methods_along_its_mro():
     assert identity(_Child) == before and "._Child#" in before
 
 
+def test_a_function_stableguards_hooked_is_the_function_it_wraps_and_the_hook():
+    """A torch class whose method stableguards hooks (``_TorchDynamoContext.__call__``, so every
+    ``torch.compiler.disable`` context) keeps an identity: the wrapper's closure holds the hook
+    record, described by where it hooks."""
+    from stableguards.hooks.core import Hook, _wrap
+
+    def hooked(original):
+        return _wrap(Hook("torch._dynamo.eval_frame", "_TorchDynamoContext.__call__", "warm_start",
+                          lambda call, *a: call(*a)), original)
+
+    assert identity(hooked(_double)) == identity(hooked(_double)) != identity(hooked(_triple))
+    assert identity(hooked(_double)).startswith("hooked:torch._dynamo.eval_frame._TorchDynamoContext.__call__")
+    assert identity(hooked(_make(types.SimpleNamespace()))) is None  # what it wraps has none
+
+
 def test_a_cycle_names_the_object_instead_of_recursing():
     # A method using super() closes over its class: describing the class meets it again.
     assert identity(_Child) is not None

@@ -164,6 +164,13 @@ class Identities:
         return None
 
     def _function(self, fn: types.FunctionType) -> str | None:
+        hook = getattr(fn, "__stableguards_hook__", None)
+        if hook is not None:
+            # One of stableguards' own wrappers (hooks.core): the function it wraps and the hook,
+            # the same in every process where that hook is in place.  Its closure holds the
+            # Hook record, which has no identity of its own.
+            inner = self.describe(getattr(fn, "__wrapped__", None))
+            return None if inner is None else f"hooked:{hook.module}.{hook.target}({hook.part}):{inner}"
         home = module_of_globals(fn.__globals__)
         if home is None:
             return None  # globals that are not a module's: nothing names them in another process

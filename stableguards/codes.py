@@ -2,8 +2,9 @@
 
 * ``code_digest``: what a code object does (bytecode, names, constants, nested
   code), hashed without ``hash()`` or ``marshal`` (both differ per process);
-* ``code_path`` / ``code_at``: a local function's code found again by its place
-  in the enclosing function's constants;
+* ``code_path`` / ``code_at``: a function's code found again by its import
+  name, through the decorators that wrap it and the enclosing function's
+  constants;
 * ``qualified``, ``resolve``: an object's import name, and the object of a name;
 * ``frame_label``: how explanations name a frame.
 """
@@ -50,33 +51,46 @@ def _feed_code(digest: Any, code: types.CodeType) -> None:
             digest.update(stable_repr(const).encode())
 
 
-def code_path(code: types.CodeType) -> tuple[str, str, tuple[int, ...], str] | None:
-    """Where a local function's code lives: ``(module, outer qualname, co_consts indices, digest)``.
+# How many decorators deep (``__wrapped__``) a function's code is looked for under its name.
+_MAX_WRAPPERS = 8
 
-    Every function a ``def`` inside another function creates shares one code
-    object, a constant of the enclosing function's code.  When the outermost
-    enclosing function is found by name in its module, that path leads a
-    restarted process to the very code object its live functions run, so an
-    identity check on ``fn.__code__`` means there what it meant here.  None
-    when the path does not lead back to this exact object (a decorated outer
-    function, ``exec``'d or ``code.replace``'d code): the caller keeps the
+
+def code_path(code: types.CodeType) -> tuple[str, str, int, tuple[int, ...], str] | None:
+    """Where a function's code lives: ``(module, qualname, wrappers, co_consts indices, digest)``.
+
+    The function of that qualname (for a local function, the outermost
+    enclosing one) is found by name in its module; ``wrappers`` times
+    ``__wrapped__`` lead through its decorators (``functools.wraps``) to the
+    function whose code is this one or, for a local function, holds it among
+    its constants (every function a ``def`` inside another creates shares that
+    one code object).  That path leads a restarted process to the very code
+    object its live functions run, so an identity check on ``fn.__code__``
+    means there what it meant here.  None when no such path leads back to this
+    exact object (``exec``'d or ``code.replace``'d code): the caller keeps the
     identity check that can never pass across processes.
     """
     qualname = getattr(code, "co_qualname", "")
-    if ".<locals>." not in qualname:
-        return None
-    outer = qualname[: qualname.index(".<locals>.")]
+    outer = qualname[: qualname.index(".<locals>.")] if ".<locals>." in qualname else qualname
     module = inspect.getmodule(code)
-    if module is None or sys.modules.get(module.__name__) is not module:
+    if not outer or module is None or sys.modules.get(module.__name__) is not module:
         return None
     try:
-        indices = _find_const(_outer_code(module.__name__, outer), code)
-    except (AttributeError, KeyError, TypeError):
+        fn = _unwrapped(resolve(module.__name__, outer, unwrapped=True))
+    except (AttributeError, KeyError):
         return None
-    return None if indices is None else (module.__name__, outer, indices, code_digest(code))
+    for wrappers in range(_MAX_WRAPPERS + 1):
+        inner = getattr(fn, "__code__", None)
+        if isinstance(inner, types.CodeType):
+            indices = () if inner is code else _find_const(inner, code)
+            if indices is not None:
+                return module.__name__, outer, wrappers, indices, code_digest(code)
+        fn = getattr(fn, "__wrapped__", None)
+        if fn is None:
+            return None
+    return None
 
 
-def code_at(module: str, outer: str, indices: tuple[int, ...], digest: str) -> types.CodeType:
+def code_at(module: str, qualname: str, wrappers: int, indices: tuple[int, ...], digest: str) -> types.CodeType:
     """The code object ``code_path`` named, in this process.
 
     Raises RuntimeError (what torch's loader falls back on) when it is gone or
@@ -85,13 +99,16 @@ def code_at(module: str, outer: str, indices: tuple[int, ...], digest: str) -> t
     not imported yet is not imported here.
     """
     try:
-        code = _outer_code(module, outer)
+        fn = _unwrapped(resolve(module, qualname, unwrapped=True))
+        for _ in range(wrappers):
+            fn = fn.__wrapped__
+        code = fn.__code__
         for index in indices:
             code = code.co_consts[index]
     except (AttributeError, IndexError, KeyError, TypeError) as error:
-        raise RuntimeError(f"the code of {module}.{outer}.<locals> is not where it was: {error!r}") from error
+        raise RuntimeError(f"the code of {module}.{qualname} is not where it was: {error!r}") from error
     if not isinstance(code, types.CodeType) or code_digest(code) != digest:
-        raise RuntimeError(f"the code of a local function in {module}.{outer} changed since it was saved")
+        raise RuntimeError(f"the code of {module}.{qualname} changed since it was saved")
     return code
 
 
@@ -106,9 +123,9 @@ def resolve(module: str, qualname: str, *, unwrapped: bool = False) -> Any:
     return obj
 
 
-def _outer_code(module: str, qualname: str) -> types.CodeType:
-    obj = resolve(module, qualname, unwrapped=True)
-    return getattr(obj, "__func__", obj).__code__
+def _unwrapped(obj: Any) -> Any:
+    """The function a staticmethod or classmethod holds."""
+    return getattr(obj, "__func__", obj)
 
 
 def _find_const(code: types.CodeType, target: types.CodeType) -> tuple[int, ...] | None:

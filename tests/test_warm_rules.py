@@ -125,6 +125,27 @@ def test_a_function_stableguards_hooked_is_the_function_it_wraps_and_the_hook():
     assert identity(hooked(_make(types.SimpleNamespace()))) is None  # what it wraps has none
 
 
+def test_decorating_context_managers_and_stateless_containers_have_an_identity():
+    """What transformers' model classes hold in their methods' closures: torch.no_grad()
+    instances, @contextmanager functions used as decorators, torch.fx's immutable_dict."""
+    import contextlib
+
+    import torch
+    from torch.fx.immutable_collections import immutable_dict
+
+    assert identity(torch.no_grad()) == identity(torch.no_grad()) != identity(torch.enable_grad())
+    assert identity(torch.inference_mode(True)) != identity(torch.inference_mode(False))  # its state
+
+    @contextlib.contextmanager
+    def scaled(k):
+        yield k
+
+    assert identity(scaled(2)) == identity(scaled(2)) != identity(scaled(3))  # the function and its arguments
+    assert identity(contextlib.nullcontext()) is None  # not a decorator kind
+    assert identity(immutable_dict(a=1)) == identity(immutable_dict(a=1)) != identity(immutable_dict(a=2))
+    assert identity(immutable_dict(a=1)) != identity({"a": 1})  # its class's code is part of it
+
+
 def test_a_cycle_names_the_object_instead_of_recursing():
     # A method using super() closes over its class: describing the class meets it again.
     assert identity(_Child) is not None

@@ -16,6 +16,7 @@ N seeds (CI: 1).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -121,22 +122,37 @@ def _make_pair(k):
     return helper
 
 
-def test_a_local_functions_code_is_found_again_by_its_path():
-    """Every function one ``def`` makes shares its code object: found by path, it is that object."""
+def _decorated(fn):
+    @functools.wraps(fn)
+    def wrapper(*args):
+        return fn(*args)
+    return wrapper
+
+
+@_decorated
+@_decorated
+def _twice_wrapped(x):
+    return x * 3
+
+
+def test_a_functions_code_is_found_again_by_its_path():
+    """Every function one ``def`` makes shares its code object: found by path (its name, the
+    decorators that wrap it, the enclosing function's constants), it is that object."""
     from stableguards.codes import code_at, code_path
 
     inner = _Outer().method()
     lam = next(c for c in inner.__code__.co_consts if isinstance(c, type(inner.__code__)))
-    for code in (_make_pair(1).__code__, inner.__code__, lam):
+    undecorated = _twice_wrapped.__wrapped__.__wrapped__
+    for code in (_make_pair(1).__code__, inner.__code__, lam, _f.__code__, undecorated.__code__):
         path = code_path(code)
         assert path is not None and code_at(*path) is code
+    assert code_path(undecorated.__code__)[2] == 2  # two decorators deep
     assert _make_pair(1).__code__ is _make_pair(2).__code__
-    assert code_path(_f.__code__) is None  # not local: pickled by reference already
-    module, outer, indices, digest = code_path(_make_pair(1).__code__)
+    module, outer, wrappers, indices, digest = code_path(_make_pair(1).__code__)
     with pytest.raises(RuntimeError, match="changed"):
-        code_at(module, outer, indices, "0" * 64)  # the code there is not the saved one
+        code_at(module, outer, wrappers, indices, "0" * 64)  # the code there is not the saved one
     with pytest.raises(RuntimeError, match="not where it was"):
-        code_at(module, "_no_such_function", indices, digest)
+        code_at(module, "_no_such_function", wrappers, indices, digest)
 
 
 def test_code_made_outside_its_def_has_no_path():
@@ -297,7 +313,8 @@ def test_warm_process_is_never_served_an_entry_that_does_not_match(tmp_path, see
     # Unchanged cases whose guards can all be saved start warm: nothing traced.
     for name in ("global_value_same", "closure_value_same", "default_arg_same", "body_same",
                  "global_function_same", "class_check_same", "backend_same", "inductor_option_same", "model_class_same",
-                 "model_attribute_same", "local_helper_same", "local_choice_same", "module_object_same"):
+                 "model_attribute_same", "local_helper_same", "local_choice_same", "module_object_same",
+                 "wraps_elsewhere_same"):
         assert second["cases"][name]["frames"] == 0, (name, report)
 
 

@@ -161,6 +161,22 @@ class Identities:
         if isinstance(obj, enum.Enum):
             owner = self.describe(kind)
             return None if owner is None else f"enum:{owner}.{obj.name}"
+        if isinstance(obj, (tuple, list, frozenset, set, dict)) and not getattr(obj, "__dict__", None):
+            # A container subclass with no instance state (torch.fx's immutable_dict): what its
+            # class does, and its items.
+            parts = self._all((kind, dict(obj) if isinstance(obj, dict) else tuple(obj)))
+            return None if parts is None else f"{parts[0]}({parts[1]})"
+        if any(qualified(k) in _CONTEXT_DECORATORS for k in kind.__mro__):
+            # torch.no_grad(), torch.compiler.disable and their kin used as a decorator: the closure
+            # holds the instance (its clone makes the context of each call); what it does is its
+            # class's code and its state.
+            parts = self._all((kind, vars(obj)))
+            return None if parts is None else f"instance:{parts[0]}:{parts[1]}"
+        if qualified(kind) == "contextlib._GeneratorContextManager":
+            # A @contextmanager function used as a decorator: each call makes its context again
+            # from the function and its arguments (the generator it holds is spent state).
+            parts = self._all((kind, obj.func, obj.args, obj.kwds))
+            return None if parts is None else f"instance:{parts[0]}:{', '.join(parts[1:])}"
         return None
 
     def _function(self, fn: types.FunctionType) -> str | None:
@@ -216,6 +232,9 @@ class Identities:
 
 
 _METHOD_LIKE = (types.FunctionType, staticmethod, classmethod, property, functools.partialmethod)
+# Classes whose instances, used as decorators, are what their class's code does with their state.
+_CONTEXT_DECORATORS = frozenset({"torch.utils._contextlib._DecoratorContextManager",
+                                 "torch._dynamo.eval_frame._TorchDynamoContext"})
 
 
 def module_of_globals(scope: dict) -> str | None:

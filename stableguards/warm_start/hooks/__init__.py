@@ -121,8 +121,10 @@ def _context_call(call: Any, self: Any, fn: Any) -> Any:
         return call(self, fn)
     target = _target(fn)
     code = getattr(getattr(target, "__func__", target), "__code__", None)
-    if code is not None and (elsewhere := _runs_elsewhere(target)):
-        messages.left_out(frame_label(code), elsewhere)
+    home = _home(target) if code is not None else None
+    if code is not None and home is None:
+        messages.left_out(frame_label(code), "its globals are no module's: a restarted process could not find "
+                                             "where to install its entry")
         self._package = None
         return call(self, fn)
     key = _key_for(ours, target) if code is not None else None
@@ -134,25 +136,31 @@ def _context_call(call: Any, self: Any, fn: Any) -> Any:
     # is not loaded back (after torch._dynamo.reset(), say): torch's own caches
     # serve that compile, as without the flag.
     entry = _load(key, code) if key.digest not in STATE.saved_here else None
-    _initialize(package, target, entry, code, key)
+    _initialize(package, _installed_as(target, home), entry, code, key)
     return call(self, fn)
 
 
-def _runs_elsewhere(target: Any) -> str | None:
-    """Why ``target``'s entry could not be installed where its code runs, or None.
+def _home(target: Any) -> str | None:
+    """The module whose globals ``target``'s code runs in, or None."""
+    return module_of_globals(getattr(getattr(target, "__func__", target), "__globals__", {}))
 
-    torch installs a package's compiled graphs and builds its guards in the
-    module ``fn.__module__`` names; a wrapper made with ``functools.wraps`` in
-    another module names the wrapped function's module while its code runs in
-    its own globals: the restarted process would check another module's
-    globals and run code that cannot find its graph."""
+
+def _installed_as(target: Any, home: str) -> Any:
+    """``target`` as the package records it: torch installs a package's compiled graphs and
+    builds its guards in the module ``fn.__module__`` names, and a wrapper made with
+    ``functools.wraps`` in another module (transformers' ``can_return_tuple``) names the
+    wrapped function's module while its code runs in its own globals.  Such a wrapper is
+    recorded as a copy that names the module it runs in: the same code, qualname and
+    first line (what the package keys and checks by), the right globals."""
     function = getattr(target, "__func__", target)
-    runs_in = module_of_globals(getattr(function, "__globals__", {}))
-    named = getattr(function, "__module__", None)
-    if runs_in == named:
-        return None
-    return (f"it names module {named!r} but runs in {runs_in or 'globals of no module'!r} (functools.wraps "
-            f"across modules): its entry would be installed in the wrong module")
+    if function.__module__ == home:
+        return target
+    import types
+
+    copy = types.FunctionType(function.__code__, function.__globals__, function.__name__, function.__defaults__,
+                              function.__closure__)
+    copy.__qualname__, copy.__module__, copy.__kwdefaults__ = function.__qualname__, home, function.__kwdefaults__
+    return types.MethodType(copy, target.__self__) if hasattr(target, "__func__") else copy
 
 
 def _load(key: Components, code: Any) -> Any:

@@ -270,11 +270,15 @@ def _same_check_as(kind: str) -> Any:
 MODULE_BY_NAME = _same_check_as("MODULE_MATCH")
 CLASS_BY_NAME = _same_check_as("CLASS_MATCH")
 CLOSURE_BY_NAME = _same_check_as("CLOSURE_MATCH")
+CONSTANT_BY_NAME = _same_check_as("CONSTANT_MATCH")
 ID_BY_NAME = _same_check_as("ID_MATCH")
 FUNCTION_BY_NAME = _same_check_as("FUNCTION_MATCH")
 _REPLACEMENTS = {"MODULE_MATCH": MODULE_BY_NAME, "CLASS_MATCH": CLASS_BY_NAME, "CLOSURE_MATCH": CLOSURE_BY_NAME,
-                 "FUNCTION_MATCH": FUNCTION_BY_NAME, "ID_MATCH": ID_BY_NAME}
-_ID_CHECKS = {"MODULE_MATCH": ("ID_MATCH",), "CLASS_MATCH": ("ID_MATCH",), "FUNCTION_MATCH": ("ID_MATCH",)}
+                 "FUNCTION_MATCH": FUNCTION_BY_NAME, "ID_MATCH": ID_BY_NAME, "CONSTANT_MATCH": CONSTANT_BY_NAME}
+# A CONSTANT_MATCH is an id check only for a code object (a traced read of ``f.__code__``);
+# on any other constant it is an EQUALS_MATCH, which torch saves as it is.
+_ID_CHECKS = {"MODULE_MATCH": ("ID_MATCH",), "CLASS_MATCH": ("ID_MATCH",), "FUNCTION_MATCH": ("ID_MATCH",),
+              "CONSTANT_MATCH": ("ID_MATCH",)}
 
 
 HOOKS = [

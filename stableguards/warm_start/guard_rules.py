@@ -157,9 +157,52 @@ def fact(source: str, kind: str, parts: Iterable[str], *, value: Callable[[], An
 
 def unproven(cold: Iterable[Fact], warm: Iterable[Fact]) -> list[Fact]:
     """The cold facts the warm tree does not prove, in order.  A warm tree may prove more
-    (another guard is only stricter); it may not prove less."""
+    (another guard is only stricter); it may not prove less.
+
+    A NO_TENSOR_ALIASING fact says that the tensors at its sources share no storage:
+    a warm guard over a superset of those sources proves it, wherever in the tree it
+    hangs (torch attaches it to one of its sources, and a rebuilt tree may group the
+    tensors otherwise)."""
+    warm = list(warm)
     have = set(warm)
-    return [f for f in cold if f not in have]
+    disjoint = [sources for f in warm if f.kind == _NO_ALIASING and (sources := _call_args(f.claim)) is not None]
+
+    def proven(fact: Fact) -> bool:
+        if fact in have:
+            return True
+        sources = _call_args(fact.claim) if fact.kind == _NO_ALIASING else None
+        return sources is not None and any(sources <= wider for wider in disjoint)
+
+    return [f for f in cold if not proven(f)]
+
+
+_NO_ALIASING = "NO_TENSOR_ALIASING"
+
+
+def _call_args(claim: str) -> frozenset[str] | None:
+    """The arguments of a one-call claim, ``check_no_aliasing(a, b, ...)``, as a set; None for
+    anything else.  Commas inside brackets, parentheses or quotes belong to an argument."""
+    head, sep, rest = claim.partition("(")
+    if not sep or not head.isidentifier() or not rest.endswith(")"):
+        return None
+    args, depth, quote, start = [], 0, "", 0
+    body = rest[:-1]
+    for index, char in enumerate(body):
+        if quote:
+            quote = "" if char == quote and body[index - 1] != "\\" else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+            if depth < 0:
+                return None  # the call closed before the end: not one call
+        elif char == "," and depth == 0:
+            args.append(body[start:index].strip())
+            start = index + 1
+    args.append(body[start:].strip())
+    return None if depth or quote or "" in args else frozenset(args)
 
 
 def explain_unproven(missing: list[Fact], warm: Iterable[Fact]) -> str:

@@ -1,0 +1,49 @@
+"""Warm start on real models: tiny transformers models (random init, no downloads), cold then
+warm in two fresh processes on one cache dir, every output compared with eager."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CHILD = Path(__file__).resolve().parent / "_real_model_child.py"
+
+
+def _run(cache: Path, flag: bool, model: str, activation: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), PYTHONHASHSEED="random")
+    proc = subprocess.run([sys.executable, str(CHILD), "1" if flag else "0", model, activation], env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def warm_start():
+    pytest.importorskip("transformers")
+    import torch._dynamo  # noqa: F401 - installs the hooks
+
+    from stableguards.hooks import STATE
+
+    if "warm_start" not in STATE.installed:
+        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
+
+
+@pytest.mark.parametrize("model, activation, other", [("gpt2", "gelu_new", "relu"), ("llama", "silu", "gelu")])
+def test_a_causal_lm_starts_warm_and_a_changed_one_is_compiled_again(warm_start, tmp_path, model, activation,
+                                                                      other):
+    """Inference over a growing sequence: the restart traces nothing; a restart whose model
+    differs (another activation function) is never served the cold one's code."""
+    cold = _run(tmp_path / "on", True, model, activation)
+    warm = _run(tmp_path / "on", True, model, activation)
+    changed = _run(tmp_path / "on", True, model, other)
+    assert cold["ok"] and warm["ok"] and changed["ok"], (cold, warm, changed)
+    assert cold["frames"] >= 1 and warm["frames"] == 0, warm["explain"]
+    assert changed["frames"] >= 1, changed["explain"]
+    off = [_run(tmp_path / "off", False, model, activation) for _ in range(2)]
+    assert all(r["ok"] for r in off) and off[1]["frames"] >= 1  # flag off: the restart traces again

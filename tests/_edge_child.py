@@ -53,6 +53,20 @@ def _ordered(x):
     return OrderedDict(a=x.sin(), b=x * 2)  # built again after the graph: collections is loaded
 
 
+class _Holder:
+    @property
+    def scale(self):
+        torch._dynamo.graph_break()  # the getter's frame is compiled alone: torch cannot name its code
+        return 2.0
+
+
+_HOLDER = _Holder()
+
+
+def _property_break(x):
+    return x * _HOLDER.scale
+
+
 def _type_checked(x):
     return x * 2 if type(x) is torch.Tensor else x  # Dynamo loads torch to check the type
 
@@ -84,6 +98,7 @@ CASES = {
     "returns_none": _nothing,
     "ordered_dict": _ordered,
     "type_checked": _type_checked,
+    "property_graph_break": _property_break,
     "several_outputs": _several,
     "graph_break": _graph_break,
     "partial": functools.partial(_keyword, k=3.0),

@@ -308,8 +308,14 @@ def compile_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -
         for var, token in reversed(tokens):
             var.reset(token)
     if failure is not None:
+        from torch._dynamo.exc import PackageError
+
         self._package = None
-        EVENTS.fell_back("warm start compile", failure)
+        if not isinstance(failure, PackageError):
+            # Our machinery in the way: worth a warning.  A PackageError is torch saying what
+            # its package cannot hold (a frame whose code it cannot name, a property's
+            # getter): named in explain() only.
+            EVENTS.fell_back("warm start compile", failure)
         messages.left_out(frame_name, f"compiling it for a saved entry failed ({failure!r:.200}); compiled "
                                       f"again without")
         return call.fn(self, frame, *args, **kwargs)

@@ -43,6 +43,9 @@ FEATURES = (
                         "equivalent, and dies with its backend", "docs/backend_match.md", was=("backend",)),
     Feature("keys", "a ledger of FX-graph cache keys: a miss names the component that differs from the "
                     "closest earlier key; a recompile names its guards", "docs/profiles.md"),
+    Feature("autograd_cache", "graphs torch's AOTAutograd cache bypasses (custom autograd.Function, calls to "
+                              "user functions, saved-tensor hook graphs, checkpointing policies) are keyed by "
+                              "what they run and read; a bypass that remains is named", "docs/autograd_cache.md"),
     Feature("optimizers", "fewer, cheaper optimizer guards; entries that die with their optimizer; "
                           "`stableguards.static_grads(opt)` for cudagraphs", "docs/optimizers.md", was=("optimizer",)),
     Feature("hyperparams", "scheduled lr, betas and momentum stay graph inputs: no recompiles",

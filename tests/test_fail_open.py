@@ -4,6 +4,7 @@ warning naming it."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import importlib
@@ -138,8 +139,50 @@ def warm_start_constants() -> None:
     torch.testing.assert_close(torch.compile(lambda t: t * _constant())(x), x * 3.0)
 
 
+class _Twice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+@torch.fx.wrap
+def _halved(t):
+    return t * 0.5
+
+
+def _sac_context():
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(lambda ctx, op, *a, **k: CheckpointPolicy.PREFER_RECOMPUTE)
+
+
+def autograd_cache_calls() -> None:
+    """Graphs torch's AOTAutograd cache would bypass: a custom autograd.Function, a checkpointing
+    policy, saved-tensor hook graphs with a wrapped function and a method."""
+    from torch.utils.checkpoint import checkpoint
+
+    pack, unpack = torch.fx.symbolic_trace(lambda t: _halved(t)), torch.fx.symbolic_trace(lambda t: t.mul(2.0))
+    cases = [lambda t: _Twice.apply(t).sin().sum(),
+             lambda t: checkpoint(torch.sin, t, use_reentrant=False, context_fn=_sac_context).sum(),
+             lambda t: (t.sin() * t).sum()]
+    for i, fn in enumerate(cases):
+        x = torch.randn(8, requires_grad=True)
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack) if i == 2 else contextlib.nullcontext()
+        with hooks:
+            torch.compile(fn)(x).backward()
+            expected, x.grad = x.grad, None
+            fn(x).backward()
+        torch.testing.assert_close(x.grad, expected)
+
+
 def workload_for(hook) -> None:
-    if hook.target == "_AutogradBackwardCompiler.get_or_compile":
+    if hook.part == "autograd_cache":
+        autograd_cache_calls()
+    elif hook.target == "_AutogradBackwardCompiler.get_or_compile":
         warm_start_training()
     elif hook.target == "invoke_and_store_as_constant":
         warm_start_constants()

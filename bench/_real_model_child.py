@@ -1,0 +1,184 @@
+"""One process of the real-model bench: compile a tiny transformers model (random init, no
+downloads) or a training step with custom autograd, run it, print counters and timings as JSON.
+
+    python bench/_real_model_child.py WORKLOAD
+
+The environment (cache dir, flag, job id) is set by bench/real_models.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+import torch._dynamo.utils as dynamo_utils
+
+import stableguards
+
+
+def _gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64,
+                                      bos_token_id=0, eos_token_id=0))
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                        max_position_embeddings=64, bos_token_id=0, eos_token_id=0,
+                                        pad_token_id=0))
+
+
+def _ids(n: int) -> torch.Tensor:
+    return torch.randint(0, 128, (1, n), generator=torch.Generator().manual_seed(n))
+
+
+def infer(build):
+    """Inference over a growing sequence (8, 12, 16 tokens): logits."""
+    def workload():
+        model = build().eval()
+        compiled = torch.compile(model)
+
+        def run(m):
+            with torch.no_grad():
+                return [m(_ids(n)).logits for n in (8, 12, 16)]
+        return lambda: run(compiled), lambda: run(model)
+    return workload
+
+
+def generate():
+    """Llama ``generate`` with its KV cache, 4 new tokens greedily, the forward compiled."""
+    model = _llama().eval()
+    forward = model.forward
+    compiled = torch.compile(forward)
+
+    def run(fn):
+        model.forward = fn
+        with torch.no_grad():
+            return [model.generate(_ids(8), max_new_tokens=4, do_sample=False, min_new_tokens=4).float()]
+    return lambda: run(compiled), lambda: run(forward)
+
+
+def bert_kwargs():
+    """BERT called with ``**batch`` (input ids, attention mask, token types)."""
+    from transformers import BertConfig, BertModel
+
+    model = BertModel(BertConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                 num_attention_heads=4, vocab_size=128, max_position_embeddings=64)).eval()
+    compiled = torch.compile(model)
+
+    def run(m):
+        out = []
+        with torch.no_grad():
+            for n in (8, 12, 16):
+                batch = {"input_ids": _ids(n), "attention_mask": torch.ones(1, n, dtype=torch.long),
+                         "token_type_ids": torch.zeros(1, n, dtype=torch.long)}
+                out.append(m(**batch).last_hidden_state)
+        return out
+    return lambda: run(compiled), lambda: run(model)
+
+
+def gpt2_train():
+    """A GPT-2 training step: forward, backward, ``optimizer.step()``, ``loss.detach()`` returned."""
+    def make():
+        torch.manual_seed(0)
+        model = _gpt2().train()
+        model.config.attn_pdrop = model.config.resid_pdrop = model.config.embd_pdrop = 0.0
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def step(ids):
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.detach()
+        return step
+    compiled = torch.compile(make())
+    eager = make()
+    return lambda: [compiled(_ids(n)) for n in (8, 8, 8)], lambda: [eager(_ids(n)) for n in (8, 8, 8)]
+
+
+class _Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * 2 + 0 * x
+
+
+def _policy(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_SAVE if op == torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _context_fn():
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(_policy)
+
+
+def custom_train():
+    """A training step with a custom autograd.Function and selective activation checkpointing."""
+    from torch.utils.checkpoint import checkpoint
+
+    def make():
+        torch.manual_seed(0)
+        layers = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64))
+
+        def step(x):
+            h = checkpoint(layers, _Scale.apply(x), use_reentrant=False, context_fn=_context_fn)
+            loss = h.pow(2).mean()
+            loss.backward()
+            grads = [p.grad.clone() for p in layers.parameters()]
+            layers.zero_grad(set_to_none=True)
+            return [loss.detach(), *grads]
+        return step
+    compiled, eager = torch.compile(make()), make()
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(0))
+    return lambda: [t for _ in range(2) for t in compiled(x)], lambda: [t for _ in range(2) for t in eager(x)]
+
+
+WORKLOADS = {"gpt2": infer(_gpt2), "llama": infer(_llama), "llama_generate": generate, "bert_kwargs": bert_kwargs,
+             "gpt2_train": gpt2_train, "custom_train": custom_train}
+
+
+def main(name: str) -> dict:
+    import torch._inductor.compile_fx  # noqa: F401 - importing inductor is left out of the timings
+
+    compiled, eager = WORKLOADS[name]()
+    start = time.perf_counter()
+    outputs = compiled()
+    first_s = time.perf_counter() - start
+    start = time.perf_counter()
+    compiled()
+    steady_s = time.perf_counter() - start
+    frames = dynamo_utils.counters["frames"]["ok"]
+    expected = eager()
+    ok = all(torch.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(outputs, expected, strict=True))
+    inductor, aot = dynamo_utils.counters["inductor"], dynamo_utils.counters["aot_autograd"]
+    return {
+        "compile_s": first_s - steady_s, "frames": frames, "ok": ok,
+        "fx": [inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"], inductor["fxgraph_cache_bypass"]],
+        "aot": [aot["autograd_cache_hit"], aot["autograd_cache_miss"], aot["autograd_cache_bypass"]],
+        "explain": stableguards.explain(),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1])))

@@ -1,0 +1,80 @@
+"""Graphs torch's AOTAutograd cache bypasses, keyed by what they run: cold then warm in fresh
+processes on one cache dir, each compared with eager; a changed body misses and stays correct.
+
+Warm start is left to torch here, so that every restart reaches the AOTAutograd cache.  Each
+process compiles every case in turn (one torch import for all of them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CHILD = Path(__file__).resolve().parent / "_autograd_cache_child.py"
+KEYED = ["custom_function", "checkpoint", "hook_method", "hook_wrapped"]
+CASES = [*KEYED, "hook_wrapped_hashed", "checkpoint_opaque"]
+
+
+def _run(cache: Path, flag: bool, variant: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_COMPILE_JOB_ID"}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), PYTHONHASHSEED="random", STABLEGUARDS_DISABLE="warm_start")
+    proc = subprocess.run([sys.executable, str(CHILD), "1" if flag else "0", variant, *CASES], env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Flag off: a process, then one whose functions differ (variant b).  Flag on: cold, warm,
+    and one whose functions differ."""
+    import torch._dynamo  # noqa: F401 - installs the hooks
+
+    from stableguards.hooks import STATE
+
+    if "autograd_cache" not in STATE.installed:
+        pytest.skip("this torch has no AOTAutograd cache seams of the shape this part hooks")
+    off, on = tmp_path_factory.mktemp("off"), tmp_path_factory.mktemp("on")
+    return {"off": _run(off, False, "a"), "off_changed": _run(off, False, "b"),
+            "cold": _run(on, True, "a"), "warm": _run(on, True, "a"), "changed": _run(on, True, "b")}
+
+
+def test_every_process_equals_eager(runs):
+    wrong = [(run, case) for run, results in runs.items() for case, result in results.items() if not result["ok"]]
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("case", KEYED)
+def test_a_graph_torch_bypasses_hits_on_restart_and_a_changed_one_misses(runs, case):
+    """Flag off, every restart bypasses the cache; flag on, the restart hits, and a restart
+    whose function, policy or hook differs misses."""
+    assert runs["off"][case]["bypasses"] == 1 and runs["off_changed"][case]["bypasses"] == 1
+    cold, warm, changed = (runs[run][case] for run in ("cold", "warm", "changed"))
+    assert cold["bypasses"] == 0 and cold["misses"] == 1, cold["explain"]
+    assert warm["hits"] == 1 and warm["misses"] == 0 and warm["bypasses"] == 0, warm["explain"]
+    assert "AOTAutograd cache key holds the identity of" in warm["explain"]
+    assert changed["hits"] == 0 and changed["misses"] == 1, changed["explain"]
+
+
+def test_a_changed_wrapped_body_under_the_users_hash_misses(runs):
+    """torch keys an fx.wrap'd hook function by the user's ``user_cache_hash`` alone: flag off, a
+    restart whose functions read another factor under the same hash is served the graph compiled
+    for the old one (pack and unpack still invert each other here, so only the hit shows it).
+    Flag on, the key also holds what the functions run and read."""
+    case = "hook_wrapped_hashed"
+    assert runs["off_changed"][case]["hits"] == 1  # torch's contract: the user's hash decides
+    assert runs["warm"][case]["hits"] == 1
+    assert runs["changed"][case]["hits"] == 0 and runs["changed"][case]["misses"] == 1
+
+
+def test_a_bypass_that_remains_is_named_with_its_fix(runs):
+    """A checkpointing policy that closes over an object with no identity stays bypassed, and
+    explain() says why and what to do."""
+    result = runs["warm"]["checkpoint_opaque"]
+    assert result["bypasses"] == 1, result
+    assert "AOTAutograd cache bypassed (SAC context_fn does not have a cache_hash" in result["explain"]
+    assert "give the context_fn a `cache_hash`" in result["explain"]

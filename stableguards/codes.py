@@ -5,6 +5,8 @@
 * ``code_path`` / ``code_at``: a function's code found again by its import
   name, through the decorators that wrap it and the enclosing function's
   constants;
+* ``descriptor_source``: a property getter's code, found the way torch's
+  package looks code up;
 * ``qualified``, ``resolve``: an object's import name, and the object of a name;
 * ``frame_label``: how explanations name a frame.
 """
@@ -110,6 +112,29 @@ def code_at(module: str, qualname: str, wrappers: int, indices: tuple[int, ...],
     if not isinstance(code, types.CodeType) or code_digest(code) != digest:
         raise RuntimeError(f"the code of {module}.{qualname} changed since it was saved")
     return code
+
+
+def descriptor_source(code: types.CodeType) -> tuple[str, str] | None:
+    """Where torch's package lookup (attribute access along a name, then a path) finds ``code``
+    when it is a property's getter, setter or deleter, or a ``functools.cached_property``'s
+    function: the descriptor's qualname, and ``fget.__code__`` (or the like) from it.  None
+    for any other code."""
+    module = inspect.getmodule(code)
+    owner_name, _, name = code.co_qualname.rpartition(".")
+    if module is None or not owner_name:
+        return None
+    try:
+        owner = resolve(module.__name__, owner_name)
+    except (KeyError, AttributeError):
+        return None
+    descriptor = vars(owner).get(name) if isinstance(owner, type) else None
+    if not isinstance(descriptor, (property, functools.cached_property)):
+        return None
+    for attr in ("fget", "fset", "fdel", "func"):
+        fn = getattr(descriptor, attr, None)
+        if isinstance(fn, types.FunctionType) and fn.__code__ is code:
+            return f"{owner_name}.{name}", f"{attr}.__code__"
+    return None
 
 
 def resolve(module: str, qualname: str, *, unwrapped: bool = False) -> Any:

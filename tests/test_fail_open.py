@@ -70,13 +70,21 @@ def _inlined(t):
     return t + 0.5
 
 
+class _Getter:
+    @property
+    def scale(self):
+        torch._dynamo.graph_break()  # the getter's frame is compiled on its own
+        return torch.ones(8).cos() * 2
+
+
 def warm_start_calls() -> None:
     """Compile for inductor (entries saved; compiles left out: a local class cannot be checked
     by name, random.random() reads a function torch installs per process), then forget this
     process saved them and compile again, as a restarted process would: the entry is loaded
     and installed, and first called under a stance that never compiles.  A new constant
     each run: a kernel this process has not built yet, so inductor's C++ build path is
-    reached.  An OrderedDict built again after the graph loads its module by an alias."""
+    reached.  An OrderedDict built again after the graph loads its module by an alias; a
+    property's getter compiled on its own is found through its property."""
 
     class Local:
         pass
@@ -113,6 +121,7 @@ def warm_start_calls() -> None:
         random.seed(run)
         torch.testing.assert_close(got, x + random.random())
         torch.testing.assert_close(torch.compile(broken)(x), x.sin() * scale)
+        torch.testing.assert_close(torch.compile(lambda t: t * _Getter().scale)(x), x * torch.ones(8).cos() * 2)
         torch._dynamo.reset()
         WARM.forget_process()
 

@@ -155,6 +155,32 @@ def test_a_functions_code_is_found_again_by_its_path():
         code_at(module, "_no_such_function", wrappers, indices, digest)
 
 
+class _Held:
+    @property
+    def scale(self):
+        return 2.0
+
+    @scale.setter
+    def scale(self, value):
+        pass
+
+    @functools.cached_property
+    def cached(self):
+        return 3.0
+
+
+def test_a_property_getters_code_is_found_through_its_property():
+    """torch's package cannot name a getter's code (``_Held.scale`` is the property); the path
+    through the property is what its lookup follows in a restarted process."""
+    from stableguards.codes import descriptor_source
+
+    scale, cached = vars(_Held)["scale"], vars(_Held)["cached"]
+    assert descriptor_source(scale.fget.__code__) == ("_Held.scale", "fget.__code__")
+    assert descriptor_source(scale.fset.__code__) == ("_Held.scale", "fset.__code__")
+    assert descriptor_source(cached.func.__code__) == ("_Held.cached", "func.__code__")
+    assert descriptor_source(test_a_property_getters_code_is_found_through_its_property.__code__) is None
+
+
 def test_code_made_outside_its_def_has_no_path():
     """exec'd or replace()'d code is not the constant its path leads to."""
     from stableguards.codes import code_path
@@ -190,6 +216,9 @@ def _case_sources(rng: random.Random) -> dict[str, tuple[str, str]]:
 
     local = ("def make():\n    def a(t):\n        return t.{op}() * 2\n    def b(t):\n        return t.{op}() * 3\n"
              "    helper = {pick}\n    def fn(x):\n        return helper(x) + 1\n    return fn\nfn = make()\n")
+    getter = ("class Holder:\n    @property\n    def scale(self):\n        torch._dynamo.graph_break()\n"
+              "        return torch.ones(8).cos() * {k}\nHOLDER = Holder()\n"
+              "def fn(x):\n    return x * HOLDER.scale\n")
     model = textwrap.dedent("""\
         import torch
 
@@ -252,6 +281,9 @@ def _case_sources(rng: random.Random) -> dict[str, tuple[str, str]]:
                                      f"    return x.sin() * {k1}\n"),
                             function(f"import functools\n@functools.wraps(torch.sin)\ndef fn(x):\n"
                                      f"    return x.sin() * {k2}\n")),
+        # A property's getter compiled as a frame of its own (after a graph break): torch's package
+        # cannot name a getter's code; warm start finds it through the property.
+        "property_getter": (function(getter.format(k=k1)), function(getter.format(k=k2))),
         "model_class": (model.format(cls="ModelA", act="ReLU", k=k1, how=METHOD),
                         model.format(cls="ModelB", act="ReLU", k=k2, how=METHOD)),
         "model_attribute": (model.format(cls="Model", act=MODULES[act1], k=k1, how="{}"),
@@ -308,13 +340,13 @@ def test_warm_process_is_never_served_an_entry_that_does_not_match(tmp_path, see
     # Another inductor option, another module of the same qualname, another model class:
     # traced, not installed.
     for name in ("inductor_option_changed", "qualname_b_changed", "model_class_changed", "body_changed",
-                 "local_helper_changed", "local_choice_changed"):
+                 "local_helper_changed", "local_choice_changed", "property_getter_changed"):
         assert second["cases"][name]["frames"] >= 1, (name, report)
     # Unchanged cases whose guards can all be saved start warm: nothing traced.
     for name in ("global_value_same", "closure_value_same", "default_arg_same", "body_same",
                  "global_function_same", "class_check_same", "backend_same", "inductor_option_same", "model_class_same",
                  "model_attribute_same", "local_helper_same", "local_choice_same", "module_object_same",
-                 "wraps_elsewhere_same"):
+                 "wraps_elsewhere_same", "property_getter_same"):
         assert second["cases"][name]["frames"] == 0, (name, report)
 
 

@@ -46,7 +46,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from stableguards.codes import frame_label
+from stableguards.codes import descriptor_source, frame_label
 from stableguards.components import Components
 from stableguards.events import EVENTS
 from stableguards.hooks.core import Hook, cache_subdir, registered_name
@@ -161,6 +161,21 @@ def _installed_as(target: Any, home: str) -> Any:
                               function.__closure__)
     copy.__qualname__, copy.__module__, copy.__kwdefaults__ = function.__qualname__, home, function.__kwdefaults__
     return types.MethodType(copy, target.__self__) if hasattr(target, "__func__") else copy
+
+
+def _code_source(call: Any, code: Any) -> tuple[str, str]:
+    """Where a restarted process finds a frame's code: torch's answer, or for the getter or
+    setter of a property (transformers' ``loss_function``, reached after a graph break) the
+    property's name and ``fget.__code__``, which torch's lookup follows."""
+    from torch._dynamo.package import PackageError
+
+    try:
+        return call(code)
+    except PackageError:
+        found = descriptor_source(code)
+        if found is None:
+            raise
+        return found
 
 
 def _load(key: Components, code: Any) -> Any:
@@ -404,6 +419,7 @@ HOOKS = [
     Hook("torch._dynamo.eval_frame", "_TorchDynamoContext.__call__", "warm_start", _context_call,
          params=("fn",)),
     Hook(_PACKAGE, "CompilePackage.bypass_current_compile", "warm_start", _bypass_current_compile),
+    Hook(_PACKAGE, "_get_code_source", "warm_start", _code_source),
     Hook("torch._dynamo.output_graph", "OutputGraph.bypass_package", "warm_start", _bypass_package,
          params=("reason",)),
     Hook("torch._dynamo.precompile_context", "PrecompileContext.record_artifact", "warm_start", _record_artifact,

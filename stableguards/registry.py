@@ -45,7 +45,8 @@ FEATURES = (
                     "closest earlier key; a recompile names its guards", "docs/profiles.md"),
     Feature("autograd_cache", "graphs torch's AOTAutograd cache bypasses (custom autograd.Function, calls to "
                               "user functions, saved-tensor hook graphs, checkpointing policies) are keyed by "
-                              "what they run and read; a bypass that remains is named", "docs/autograd_cache.md"),
+                              "what they run and read, and inlined hooks are guarded by it; a bypass that remains "
+                              "is named", "docs/autograd_cache.md"),
     Feature("optimizers", "fewer, cheaper optimizer guards; entries that die with their optimizer; "
                           "`stableguards.static_grads(opt)` for cudagraphs", "docs/optimizers.md", was=("optimizer",)),
     Feature("hyperparams", "scheduled lr, betas and momentum stay graph inputs: no recompiles",

@@ -78,3 +78,36 @@ def test_a_bypass_that_remains_is_named_with_its_fix(runs):
     assert result["bypasses"] == 1, result
     assert "AOTAutograd cache bypassed (SAC context_fn does not have a cache_hash" in result["explain"]
     assert "give the context_fn a `cache_hash`" in result["explain"]
+
+
+def _rebuilt_hooks(dtype):
+    """Saved-tensor hooks as graphs, traced again (new objects, the same code) for every step."""
+    import torch
+
+    return (torch.fx.symbolic_trace(lambda t: t.to(dtype)), torch.fx.symbolic_trace(lambda t: t.to(torch.float32)))
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_hooks_rebuilt_every_step_recompile_only_with_the_flag_off(fresh_dynamo, flag):
+    """Dynamo guards inlined saved-tensor hooks by id(): flag off, hooks made again each step
+    compile again each step; flag on, the guard compares what they compute, so the same hooks
+    rebuilt reuse the graph and other hooks (another dtype) compile again."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    def step(x):
+        return (x.sin() * x).sum()
+
+    compiled = torch.compile(step)
+    x = torch.randn(8, requires_grad=True)
+    counters.clear()
+    with torch._dynamo.config.patch(stable_guards=flag):
+        for dtype in (torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.float16):
+            hooks = _rebuilt_hooks(dtype)
+            with torch.autograd.graph.saved_tensors_hooks(*hooks):
+                compiled(x).backward()
+                got, x.grad = x.grad, None
+                step(x).backward()
+                torch.testing.assert_close(got, x.grad, rtol=1e-2, atol=1e-2)
+                x.grad = None
+    assert counters["stats"]["unique_graphs"] == (2 if flag else 4)

@@ -25,7 +25,9 @@ thread):
   ``context_fn`` are hashed by ``reads_identity``, beside the hash the user
   gave (``user_cache_hash``, ``cache_hash``: torch's opt-in contract, which
   alone lets a changed body hit); with neither, the bypass stays;
-* a bypass that remains is named in explain() with the user's fix.
+* a bypass that remains is named in explain() with the user's fix;
+* Dynamo's guard on inlined saved-tensor hooks compares what they compute
+  instead of their ``id()``.
 
 A graph torch caches anyway gets exactly torch's key.
 """
@@ -38,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stableguards.autograd_cache import messages
-from stableguards.autograd_cache.reads import reads_identity, versioned
+from stableguards.autograd_cache.reads import hook_graph_identity, reads_identity, versioned
 from stableguards.codes import qualified
 from stableguards.components import digest_text
 from stableguards.hooks.core import Hook
@@ -183,6 +185,36 @@ def _with_identities(call: Any, self: Any, *args: Any, **kwargs: Any) -> None:
         self.stableguards_identities = tuple(sorted(identity for _, identity in keying.identities))
 
 
+def _saved_tensors_hooks_guard(call: Any, self: Any, guard: Any) -> None:
+    """Inlined saved-tensor hooks guarded by what they compute (the code of their graphs and
+    the identities of what they call) instead of by ``id()``: the same hooks rebuilt every
+    step do not recompile every step.  Hooks with no such identity keep torch's guard."""
+    from torch._dynamo.guards import get_verbose_code_parts
+    from torch._functorch._aot_autograd import utils
+
+    digest = _hooks_digest(utils.top_saved_tensors_hooks())
+    if digest is None:
+        return call(self, guard)
+    code = [f"stableguards: the inlined saved-tensor hooks compute {digest}"]
+    self._set_guard_export_info(guard, code, provided_func_name="AUTOGRAD_SAVED_TENSORS_HOOKS")
+
+    def same_hooks(_: object) -> bool:
+        return _hooks_digest(utils.top_saved_tensors_hooks()) == digest
+
+    self.guard_manager.root.add_lambda_guard(same_hooks, get_verbose_code_parts(code, guard), guard.user_stack)
+
+
+def _hooks_digest(hooks: Any) -> str | None:
+    """What inlineable hooks compute, or None (no hooks, hooks that are not graphs, or a graph
+    that calls something with no identity)."""
+    from torch._functorch._aot_autograd.utils import saved_tensors_hooks_are_inlineable
+
+    if not saved_tensors_hooks_are_inlineable(hooks):
+        return None
+    parts = [hook_graph_identity(gm.graph.nodes, gm.code) for gm in hooks]
+    return None if None in parts else digest_text(";".join(parts))[:32]
+
+
 def _frame() -> str:
     compile_ = current()
     return compile_.label if compile_ is not None else "a graph"
@@ -196,4 +228,6 @@ HOOKS = [
     Hook(_CACHE, "_collect_wrapped_user_cache_hashes", "autograd_cache", _wrapped_hashes, lazy=True),
     Hook(_CACHE, "AOTAutogradCacheDetails.__init__", "autograd_cache", _with_identities, lazy=True),
     Hook("torch._ops", "HigherOrderOperator.cacheable", "autograd_cache", _cacheable),
+    Hook("torch._dynamo.guards", "GuardBuilder.AUTOGRAD_SAVED_TENSORS_HOOKS", "autograd_cache",
+         _saved_tensors_hooks_guard),
 ]

@@ -81,6 +81,22 @@ class Reads(Identities):
         return "; ".join(f"{name}={d}" for (name, _), d in zip(found, described))
 
 
+def hook_graph_identity(nodes: Any, code: str) -> str | None:
+    """What a saved-tensor hook graph computes: its code, and the identity of every function it
+    calls (by ``reads_identity``); None if a node reads state the code does not show (an
+    attribute or a submodule of the graph) or calls something with no identity."""
+    called = []
+    for node in nodes:
+        if node.op in ("get_attr", "call_module"):
+            return None
+        if node.op == "call_function":
+            described = reads_identity(node.target)
+            if described is None:
+                return None
+            called.append(described)
+    return f"{code}|{'|'.join(called)}"
+
+
 def code_names(code: types.CodeType) -> frozenset[str]:
     """Every global and attribute name a code object or the code nested in it uses."""
     names = set(code.co_names)

@@ -89,8 +89,8 @@ class StaticInputWatch:
 
     Graphs are keyed by torch's function id, an int counted per cudagraph
     tree manager: ids start again when torch resets the trees (an H100 run
-    showed it), so the caller must ``clear()`` the watch then.  The table is bounded: it keeps the ``capacity`` graphs recorded
-    or checked most recently, so a job that compiles without end does not grow
+    showed it), so the caller must ``clear()`` the watch then.  The table is bounded: it
+    keeps the ``capacity`` graphs recorded or checked most recently, so a job that compiles without end does not grow
     it; a graph evicted and recorded again starts its re-record count anew.
     """
 

@@ -83,6 +83,10 @@ LAMBDA_RULES: dict[str, Rule] = {
     _SAVED_TENSOR_HOOKS: Rule(Check.AMBIENT, "the hook ids are read from the process when the tree is built: the "
                                              "call's inlineable saved-tensor hooks are compared with the cold "
                                              "ones, and only 'none' can be compared across processes"),
+    # stableguards' own guard on inlined hooks (autograd_cache): compiles under such hooks stay
+    # out of warm start, as under torch's id() guard.
+    "stableguards: the inlined saved-tensor hooks compute": Rule(
+        Check.REFUSE, "inlineable saved-tensor hooks are active: compiles under them are left out of warm start"),
     "torch._functorch.pyfunctorch.compare_functorch_state(": Rule(
         Check.SAME, "the functorch interpreter states are printed and rebuilt from the saved layers"),
 }

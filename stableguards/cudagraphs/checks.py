@@ -90,8 +90,9 @@ class StaticInputWatch:
     Graphs are keyed by torch's function id, an int counted per cudagraph
     tree manager: ids start again when torch resets the trees (an H100 run
     showed it), so the caller must ``clear()`` the watch then.  The table is bounded: it
-    keeps the ``capacity`` graphs recorded or checked most recently, so a job that compiles without end does not grow
-    it; a graph evicted and recorded again starts its re-record count anew.
+    keeps the ``capacity`` graphs recorded or checked most recently, so a job that
+    compiles without end does not grow it; a graph evicted and recorded again starts its
+    re-record count anew.
     """
 
     def __init__(self, address_of: Callable[[Any], int] = data_ptr, capacity: int = 1024) -> None:

@@ -19,10 +19,12 @@ KEYED = ["custom_function", "checkpoint", "hook_method", "hook_wrapped"]
 CASES = [*KEYED, "hook_wrapped_hashed", "checkpoint_opaque"]
 
 
-def _run(cache: Path, flag: bool, variant: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TORCH_COMPILE_JOB_ID"}
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), PYTHONHASHSEED="random", STABLEGUARDS_DISABLE="warm_start")
-    proc = subprocess.run([sys.executable, str(CHILD), "1" if flag else "0", variant, *CASES], env=env,
+def _run(cache: Path, flag: bool, variant: str, cases: list[str] = CASES, warm_start: bool = False) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), PYTHONHASHSEED="random")
+    if not warm_start:
+        env["STABLEGUARDS_DISABLE"] = "warm_start"
+    proc = subprocess.run([sys.executable, str(CHILD), "1" if flag else "0", variant, *cases], env=env,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -78,6 +80,22 @@ def test_a_bypass_that_remains_is_named_with_its_fix(runs):
     assert result["bypasses"] == 1, result
     assert "AOTAutograd cache bypassed (SAC context_fn does not have a cache_hash" in result["explain"]
     assert "give the context_fn a `cache_hash`" in result["explain"]
+
+
+def test_warm_start_never_serves_a_graph_whose_policy_it_cannot_check(runs, tmp_path):
+    """A checkpointing policy runs without Dynamo tracing it, so Dynamo's guards never look at
+    what it reads: such a compile is left out of warm start (named), and a restart whose policy
+    differs compiles again instead of being served the old graph."""
+    from stableguards.hooks import STATE
+
+    if "warm_start" not in STATE.installed:
+        pytest.skip("warm start needs torch 2.15")
+    cold = _run(tmp_path, True, "a", ["checkpoint"], warm_start=True)["checkpoint"]
+    assert "is left out of its saved entry: it runs checkpoint context_fn" in cold["explain"], cold["explain"]
+    warm = _run(tmp_path, True, "a", ["checkpoint"], warm_start=True)["checkpoint"]
+    changed = _run(tmp_path, True, "b", ["checkpoint"], warm_start=True)["checkpoint"]
+    assert warm["ok"] and warm["hits"] == 1, warm["explain"]
+    assert changed["ok"] and changed["misses"] == 1, changed["explain"]
 
 
 def _rebuilt_hooks(dtype):

@@ -43,7 +43,7 @@ from stableguards.autograd_cache import messages
 from stableguards.autograd_cache.reads import hook_graph_identity, reads_identity, versioned
 from stableguards.codes import qualified
 from stableguards.components import digest_text
-from stableguards.hooks.core import Hook
+from stableguards.hooks.core import Hook, active
 from stableguards.hooks.seams import current
 from stableguards.warm_start.identity import module_of_globals
 
@@ -56,6 +56,7 @@ class _Keying:
 
     identities: list[tuple[str, str]] = field(default_factory=list)  # (label, identity)
     operators: set[int] = field(default_factory=set)  # ids of autograd_function_apply operators accepted
+    unguarded: list[str] = field(default_factory=list)  # functions identified by what they read (labels)
 
 
 _KEYING: contextvars.ContextVar[_Keying | None] = contextvars.ContextVar("stableguards_keying", default=None)
@@ -75,7 +76,23 @@ def _autograd_cache_key(call: Any, *args: Any, **kwargs: Any) -> Any:
         _KEYING.reset(token)
     if keying.identities:
         messages.identified(_frame(), sorted({label for label, _ in keying.identities}))
+    if keying.unguarded:
+        _leave_out_of_warm_start(sorted(set(keying.unguarded)))
     return result
+
+
+def _leave_out_of_warm_start(labels: list[str]) -> None:
+    """A graph that runs functions Dynamo did not trace (a checkpointing policy, an fx.wrap'd
+    function) is keyed here by what they read, but a warm-start entry would serve it on
+    Dynamo's guards alone, which never looked at them: such a compile is left out of warm
+    start (a restart traces it, and this key finds its graphs)."""
+    from stableguards.warm_start.state import STATE as WARM
+
+    if active("warm_start") and WARM.bundling.get():
+        from stableguards.warm_start.hooks.bundling import leave_out
+
+        leave_out(f"it runs {', '.join(labels)} without Dynamo guarding what they read; the AOTAutograd cache "
+                  f"key holds it instead")
 
 
 def _check_node_safe(call: Any, node: Any) -> None:
@@ -105,7 +122,10 @@ def _node_identity(node: Any, keying: _Keying) -> tuple[str, str] | None:
     if not _users(node.target):
         return None  # torch's own (a private function, an operator): torch's decision stands
     described = reads_identity(node.target)
-    return None if described is None else (qualified(node.target), described)
+    if described is None:
+        return None
+    keying.unguarded.append(qualified(node.target))
+    return qualified(node.target), described
 
 
 def _users(target: Any) -> bool:
@@ -151,11 +171,13 @@ def _context_fn_hash(call: Any, context_fn: Any) -> str | None:
 def _hash(given: str | None, fn: Any, label: str) -> str | None:
     """The user's hash (torch's opt-in contract) and, where ``fn`` has one, its identity: a
     changed body never hits under an unchanged hash.  None where neither exists."""
+    keying = _KEYING.get()
+    if keying is not None:
+        keying.unguarded.append(f"{label} {qualified(fn)}")
     described = reads_identity(fn)
     if described is None:
         return given
     ours = "stableguards:" + digest_text(described)
-    keying = _KEYING.get()
     if given is None and keying is not None:
         keying.identities.append((f"{label} {qualified(fn)}", described))
     return ours if given is None else f"{given}|{ours}"

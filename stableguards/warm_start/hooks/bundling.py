@@ -46,7 +46,7 @@ def _save_aot_entry(call: Any, *compiled_fns: Any) -> bool:
         saved = call(*compiled_fns)
     finally:
         STATE.bundling.reset(token)
-    _leave_out("inductor returned a graph with nothing to compute as it is: there is no compiled code to save")
+    leave_out("inductor returned a graph with nothing to compute as it is: there is no compiled code to save")
     return saved
 
 
@@ -58,7 +58,7 @@ def _is_output_code(fn: Any) -> bool:
     return isinstance(fn, OutputCode)
 
 
-def _leave_out(reason: str) -> None:
+def leave_out(reason: str) -> None:
     """Leave the graph being compiled out of our package: the frame's compile (torch's
     per-compile bypass), or the function whose backward this is."""
     backward_of = STATE.backward_of.get()

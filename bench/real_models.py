@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from columns import aligned
+
 HERE = Path(__file__).resolve().parent
 WORKLOADS = ("gpt2", "llama", "llama_generate", "bert_kwargs", "gpt2_train", "custom_train")
 CONFIGS = {"off": ("0", None), "off+job": ("0", "bench"), "on": ("1", None)}
@@ -65,9 +67,7 @@ COLUMNS = (
 
 
 def format_table(rows: list[dict]) -> str:
-    cells = [[name for name, _ in COLUMNS]] + [[str(get(r)) for _, get in COLUMNS] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells)
+    return aligned(COLUMNS, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

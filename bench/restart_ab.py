@@ -24,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from columns import aligned
+
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "out"
 # Upstream PGO reads and writes profiles only when a job id is set (the
@@ -77,12 +79,7 @@ COLUMNS = (
 
 
 def format_table(workload: str, rows: list[dict]) -> str:
-    cells = [[name for name, _ in COLUMNS]] + [[str(get(r)) for _, get in COLUMNS] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    lines = [f"== {workload} (warm run; compile seconds cold and warm)"]
-    for row in cells:
-        lines.append("  ".join(cell.rjust(width) for cell, width in zip(row, widths)))
-    return "\n".join(lines)
+    return f"== {workload} (warm run; compile seconds cold and warm)\n" + aligned(COLUMNS, rows)
 
 
 def draw_chart(rows: list[dict], path: Path) -> bool:

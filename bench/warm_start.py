@@ -34,6 +34,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from columns import aligned
+
 HERE = Path(__file__).resolve().parent
 WORKLOADS = ("transformer", "train_step", "chunk_ff", "seed", "dict_collide", "list_overmarked", "closure")
 FLAGS = {"off": "0", "on": "1"}
@@ -74,9 +76,7 @@ COLUMNS = (
 
 
 def format_table(rows: list[dict]) -> str:
-    cells = [[name for name, _ in COLUMNS]] + [[str(get(r)) for _, get in COLUMNS] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells)
+    return aligned(COLUMNS, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,8 +12,8 @@ stableguards.cudagraphs.strict_static_inputs is on.  "re-records" counts graphs
 torch recorded after the move (CUDAGraphTreeManager.record_function calls).
 In the whole-step scenarios the grads come out of the recorded backward graph,
 so cudagraphs treat them as static and copy none; "step only" compiles just
-opt.step after an eager backward, so one warning must say its grads are copied.  Prints a table, writes bench/out/cudagraph_static.json
-and exits 1 if a scenario did not behave as expected.
+opt.step after an eager backward, so one warning must say its grads are copied.  Prints a table, writes
+bench/out/cudagraph_static.json and exits 1 if a scenario did not behave as expected.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ downloads, and a training step with custom autograd and selective checkpointing)
 process, then a warm one on the same new cache dir.  Columns:
 
 * cold s, warm s, warm/cold: what the first calls cost beyond running them;
-* frames: frames Dynamo traced in the warm process (0: all installed from saved entries);
+* frames: frames Dynamo traced in the warm process, resume functions included (0: all installed from
+  saved entries);
 * FX h/m/b, AOT h/m/b: FX-graph and AOTAutograd cache hits, misses and bypasses, warm;
 * ok: cold and warm outputs equalled eager.
 

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import hashlib
 import inspect
 import os
@@ -65,19 +66,33 @@ def code_path(code: types.CodeType) -> tuple[str, str, int, tuple[int, ...], str
     ``__wrapped__`` lead through its decorators (``functools.wraps``) to the
     function whose code is this one or, for a local function, holds it among
     its constants (every function a ``def`` inside another creates shares that
-    one code object).  That path leads a restarted process to the very code
-    object its live functions run, so an identity check on ``fn.__code__``
-    means there what it meant here.  None when no such path leads back to this
-    exact object (``exec``'d or ``code.replace``'d code): the caller keeps the
-    identity check that can never pass across processes.
+    one code object).  Code made by ``exec`` (a dataclass's ``__init__``) has no
+    module of its own: it is found through the functions that run it, by their
+    ``__module__`` and ``__qualname__``.  That path leads a restarted process to
+    the very code object its live functions run, so an identity check on
+    ``fn.__code__`` means there what it meant here.  None when no such path leads
+    back to this exact object: the caller keeps the identity check that can never
+    pass across processes.
     """
     qualname = getattr(code, "co_qualname", "")
     outer = qualname[: qualname.index(".<locals>.")] if ".<locals>." in qualname else qualname
     module = inspect.getmodule(code)
-    if not outer or module is None or sys.modules.get(module.__name__) is not module:
+    if outer and module is not None and sys.modules.get(module.__name__) is module:
+        return _path_from(module.__name__, outer, code)
+    if not code.co_filename.startswith("<"):
         return None
+    runners = (f for f in gc.get_referrers(code) if isinstance(f, types.FunctionType) and f.__code__ is code)
+    for fn in runners:
+        if isinstance(fn.__module__, str) and "<locals>" not in fn.__qualname__:
+            path = _path_from(fn.__module__, fn.__qualname__, code)
+            if path is not None:
+                return path
+    return None
+
+
+def _path_from(module: str, qualname: str, code: types.CodeType) -> tuple[str, str, int, tuple[int, ...], str] | None:
     try:
-        fn = _unwrapped(resolve(module.__name__, outer, unwrapped=True))
+        fn = _unwrapped(resolve(module, qualname, unwrapped=True))
     except (AttributeError, KeyError):
         return None
     for wrappers in range(_MAX_WRAPPERS + 1):
@@ -85,7 +100,7 @@ def code_path(code: types.CodeType) -> tuple[str, str, int, tuple[int, ...], str
         if isinstance(inner, types.CodeType):
             indices = () if inner is code else _find_const(inner, code)
             if indices is not None:
-                return module.__name__, outer, wrappers, indices, code_digest(code)
+                return module, qualname, wrappers, indices, code_digest(code)
         fn = getattr(fn, "__wrapped__", None)
         if fn is None:
             return None

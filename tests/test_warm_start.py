@@ -16,6 +16,7 @@ N seeds (CI: 1).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -190,6 +191,32 @@ def test_code_made_outside_its_def_has_no_path():
     scope: dict = {}
     exec("def outer():\n    def inner():\n        return 1\n    return inner\n", scope)
     assert code_path(scope["outer"]().__code__) is None
+
+
+@dataclasses.dataclass
+class _Record:
+    a: int = 1
+
+
+@dataclasses.dataclass
+class _Renamed:
+    a: int = 1
+
+
+_generated_init = _Renamed.__init__
+_Renamed.__init__ = functools.wraps(_generated_init)(lambda self, *args, **kwargs: _generated_init(self, *args))
+
+
+def test_exec_made_code_is_found_through_the_functions_that_run_it():
+    """A dataclass's ``__init__`` is made by ``exec`` (no file, no module): found through the
+    function that runs it, by that function's module and qualname, also under a decorator
+    put on the class afterwards (transformers wraps every output class's ``__init__``)."""
+    from stableguards.codes import code_at, code_path
+
+    for code, wrappers in ((_Record.__init__.__code__, 0), (_generated_init.__code__, 1)):
+        assert code.co_filename.startswith("<")
+        path = code_path(code)
+        assert path is not None and path[2] == wrappers and code_at(*path) is code
 
 
 # --- the campaign ---------------------------------------------------------------------
@@ -382,7 +409,7 @@ def test_a_corrupt_or_failing_entry_compiles_as_usual(tmp_path, monkeypatch, cap
     with torch._dynamo.config.patch(stable_guards=True):
         _restart_in_process()
         torch.testing.assert_close(torch.compile(f)(x), f(x))  # cold: saved
-        [entry] = (tmp_path / "stableguards" / "warm_start" / "entries").glob("*/entry")
+        [entry] = (tmp_path / "stableguards" / "store" / "blobs").glob("*")
         entry.write_bytes(entry.read_bytes()[:64])
         _restart_in_process()
         frames = dynamo_utils.counters["frames"]["total"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from stableguards.events import EVENTS
@@ -19,6 +20,7 @@ from stableguards.profiles.profile import DYNAMIC, UNSET, CodeKey, Dim, Dims, Pr
 from stableguards.profiles.profile import ProfileError, State, specialized, static
 from stableguards.profiles.session import handed_on
 from stableguards.profiles.state import STATE
+from stableguards.store import STORE_ENV, is_redis
 from stableguards.profiles.store import LocalStore, NewerProfile, ProfileStore, RedisStore, TieredStore, decode, encode
 
 REDIS_ENV_VAR = "STABLEGUARDS_PGO_REDIS_URL"
@@ -75,8 +77,11 @@ def profile_key(job_id: str | None = None) -> str | None:
     ``job_id`` names another job's profile (torch's ``pgo_extra_read_key`` and
     ``pgo_extra_write_key``).  Otherwise TORCH_COMPILE_JOB_ID
     (torch.compiler.config.job_id) wins; without it the key names the entry
-    point (see stableguards.profiles.identity).  The rank and
-    torch.compiler.config.cache_key_tag are always part of it, as upstream.
+    point (see stableguards.profiles.identity).  torch.compiler.config.cache_key_tag
+    is always part of it, and the rank is, as upstream, unless a shared store is
+    named (``STABLEGUARDS_STORE``): then every rank reads and joins one profile, so
+    rank 7 starts from what rank 0 learned (a join only makes more dimensions
+    dynamic, which guards make sound on every rank).
     """
     import torch
     import torch._inductor.config as inductor_config
@@ -85,7 +90,8 @@ def profile_key(job_id: str | None = None) -> str | None:
         return None
     job_id = job_id or torch.compiler.config.job_id or default_profile_key()
     tag = torch.compiler.config.cache_key_tag
-    return f"{job_id}:rank{_rank()}" + (f":{tag}" if tag else "")
+    rank = "" if os.environ.get(STORE_ENV) else f":rank{_rank()}"
+    return f"{job_id}{rank}" + (f":{tag}" if tag else "")
 
 
 def profile_store() -> ProfileStore | None:
@@ -93,7 +99,8 @@ def profile_store() -> ProfileStore | None:
 
     * Local: a directory in the inductor cache dir, when
       ``torch._dynamo.config.automatic_dynamic_local_pgo`` is on (torch's default),
-      or Redis when STABLEGUARDS_PGO_REDIS_URL is set (the user's explicit choice).
+      or Redis when STABLEGUARDS_PGO_REDIS_URL is set (the user's explicit choice), or
+      the shared store ``STABLEGUARDS_STORE`` names (its ``pgo`` directory, or its Redis).
     * Remote: torch's own remote PGO cache, when
       ``automatic_dynamic_remote_pgo`` turns it on, holding JSON (never a pickle).
 
@@ -104,13 +111,17 @@ def profile_store() -> ProfileStore | None:
     import torch._dynamo.pgo as pgo
 
     tiers: list[ProfileStore] = []
-    url = os.environ.get(REDIS_ENV_VAR)
+    shared = os.environ.get(STORE_ENV)
+    url = os.environ.get(REDIS_ENV_VAR) or (shared if shared and is_redis(shared) else None)
     if url:
         try:
             tiers.append(RedisStore(url))
         except ImportError:
-            EVENTS.warn_once("redis", f"{REDIS_ENV_VAR} is set but the redis package is not installed "
-                                     "(pip install 'stableguards[redis]'); compiling without it")
+            EVENTS.warn_once("redis", f"{REDIS_ENV_VAR if os.environ.get(REDIS_ENV_VAR) else STORE_ENV} names "
+                                     "Redis but the redis package is not installed (pip install "
+                                     "'stableguards[redis]'); compiling without it")
+    elif shared:
+        tiers.append(LocalStore(Path(shared) / "pgo"))
     elif dynamo_config.automatic_dynamic_local_pgo:
         tiers.append(LocalStore(cache_subdir("pgo")))
     if pgo.should_use_remote_dynamo_pgo_cache() and (remote := pgo.get_remote_cache()) is not None:

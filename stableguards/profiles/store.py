@@ -19,12 +19,12 @@ import json
 import os
 import random
 import time
-import urllib.parse
 from pathlib import Path
 from typing import Any, Protocol
 
 from stableguards.events import EVENTS
 from stableguards.files import atomic_write
+from stableguards.store.engines import redacted
 from stableguards.profiles.profile import VERSION, Profile, ProfileError, dumps, from_json
 
 
@@ -192,16 +192,6 @@ class _Locked:
     def __exit__(self, *exc: object) -> None:
         if self.lock.is_locked:
             self.lock.release()
-
-
-def redacted(url: str) -> str:
-    """``url`` with any user name and password replaced by ``***``: fit for logs and explain()."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = "***@" + (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 class RedisStore:

@@ -38,3 +38,10 @@ def missed(function: str, differences: list[str]) -> None:
     EVENTS.count("warm_start_misses")
     shown = "; ".join(differences[:6]) + (f"; and {len(differences) - 6} more" if len(differences) > 6 else "")
     EVENTS.note(f"warm start: {function} has a saved entry for another key; it differs in {shown}")
+
+
+def waiting(function: str, store: str) -> None:
+    """Another process is compiling the entry this one needs, from the same store: waited for."""
+    EVENTS.count("warm_start_waited")
+    EVENTS.note(f"warm start: {function}: another process holds the lease on its entry in {store}; waited for "
+                f"it instead of compiling the same graphs")

@@ -39,6 +39,9 @@ class WarmStart:
         self.contexts: dict[tuple[int, Any], set[str]] = {}
         # Keys of the entries this process saved (never loaded back by it).
         self.saved_here: set[str] = set()
+        # Key digests whose lease this process holds in the shared store -> that store
+        # (hooks._load): given back once the entry is saved or will not be.
+        self.leases: dict[str, Any] = {}
         # Packages whose save waits for a graph compiled later (a backward) -> the frame's name.
         self.pending: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         # The package whose entries are being installed (hooks._install).

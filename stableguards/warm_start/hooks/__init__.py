@@ -40,16 +40,18 @@ function's whole entry, and 2.13's install breaks a later in-process recompile.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import weakref
-from pathlib import Path
 from typing import Any
 
 from stableguards.codes import descriptor_source, frame_label
 from stableguards.components import Components
 from stableguards.events import EVENTS
 from stableguards.hooks.core import Hook, cache_subdir, registered_name
+from stableguards.store import ContentStore, open_store
+from stableguards.store.content import lease_owner, lease_seconds
 from stableguards.warm_start import messages
 from stableguards.warm_start.hooks import bundling, guards, loaded, proofs
 from stableguards.warm_start.identity import module_of_globals
@@ -179,18 +181,58 @@ def _code_source(call: Any, code: Any) -> tuple[str, str]:
 
 
 def _load(key: Components, code: Any) -> Any:
-    """The saved entry under ``key``, or None (nothing saved, or unreadable: one warning)."""
-    path = _store_path(key.digest)
-    if not path.exists():
-        _explain_miss(code, key)
-        return None
+    """The saved entry under ``key``, or None (nothing saved, or unusable: one warning).
+
+    While another process holds the entry's lease (it is compiling the same entry from
+    the same store), wait for its entry instead of compiling it again; else take the
+    lease, held until this process saves the entry (``_save``) or gives up on it."""
+    store = _entries()
     try:
-        return _store().load_cache_entry(key.digest)
-    except Exception as error:  # noqa: BLE001 - a corrupt or foreign entry: compile as usual
-        EVENTS.warn_once("warm start load", f"stableguards: a saved compiled entry could not be read ({error!r:.200}); "
-                                           f"compiling as usual")
-        messages.not_used(frame_label(code), f"unreadable: {error!r:.200}")
+        data = store.fetch(_NAMESPACE, key.digest)
+        if data is None and store.engine.held(_lease_name(key.digest)):
+            messages.waiting(frame_label(code), store.describe())
+            if store.wait_for(_NAMESPACE, key.digest, lease_seconds()):
+                data = store.fetch(_NAMESPACE, key.digest)
+        if data is None:
+            if store.engine.claim(_lease_name(key.digest), lease_owner(), lease_seconds()):
+                if not STATE.leases:
+                    atexit.register(_release_leases)  # an entry still waiting for its backward
+                STATE.leases[key.digest] = store
+            _explain_miss(code, key)
+            return None
+        return _read_entry(data)
+    except Exception as error:  # noqa: BLE001 - a corrupt, foreign, unsigned entry or an unreachable store
+        EVENTS.warn_once("warm start load", f"stableguards: a saved compiled entry could not be read from "
+                                           f"{store.describe()} ({error!s:.200}); compiling as usual")
+        messages.not_used(frame_label(code), f"unreadable: {error!s:.200}")
         return None
+
+
+def _read_entry(data: bytes) -> Any:
+    """A saved entry's backends recorded where torch's loader finds them, as
+    ``DynamoStore.load_cache_entry`` does."""
+    import pickle
+
+    from torch._dynamo.precompile_context import BackendCacheArtifact, PrecompileContext
+
+    entry = pickle.loads(data)  # noqa: S301 - verified (digest, and the HMAC with a key) by the store
+    for backend in entry.backends.values():
+        if not isinstance(backend, BackendCacheArtifact):
+            raise TypeError(f"a saved backend is a {type(backend).__name__}, not a BackendCacheArtifact")
+        PrecompileContext.record_artifact(backend)
+    return entry
+
+
+def _release_leases() -> None:
+    for digest in list(STATE.leases):
+        _release_lease(digest)
+
+
+def _release_lease(digest: str) -> None:
+    store = STATE.leases.pop(digest, None)
+    if store is not None:
+        with contextlib.suppress(Exception):  # an unreachable store: the lease expires by itself
+            store.engine.release(_lease_name(digest), lease_owner())
 
 
 def _initialize(package: Any, target: Any, entry: Any, code: Any, key: Components) -> None:
@@ -275,15 +317,16 @@ def _configs() -> dict[str, dict[str, Any]]:
             "functorch": functorch_config.get_config_copy()}
 
 
-def _store() -> Any:
-    """Our entries' store: torch's disk store, in a directory of ours."""
-    from torch._dynamo.package import DiskDynamoStore
-
-    return DiskDynamoStore(str(cache_subdir("warm_start") / "entries"))
+_NAMESPACE = "warm_start"
 
 
-def _store_path(digest: str) -> Path:
-    return cache_subdir("warm_start") / "entries" / digest / "entry"
+def _entries() -> ContentStore:
+    """Our entries' store: ``STABLEGUARDS_STORE``, or a directory of ours in the cache dir."""
+    return open_store(cache_subdir("store"))
+
+
+def _lease_name(digest: str) -> str:
+    return f"leases/{_NAMESPACE}/{digest}"
 
 
 def _bypass_current_compile(call: Any, *args: Any, **kwargs: Any) -> None:
@@ -333,8 +376,11 @@ def compile_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -
             EVENTS.fell_back("warm start compile", failure)
         messages.left_out(frame_name, f"compiling it for a saved entry failed ({failure!r:.200}); compiled "
                                       f"again without")
+        _release_lease(ours.key.digest)
         return call.fn(self, frame, *args, **kwargs)
     _save(package, ours, frame_name)
+    if package not in STATE.pending:
+        _release_lease(ours.key.digest)  # saved, or nothing to save: nobody need wait
     return result
 
 
@@ -358,7 +404,6 @@ def _retry_without_package(error: Exception) -> bool:
 
 def _save(package: Any, ours: Ours, frame: str) -> None:
     from torch._dynamo.precompile_context import PrecompileContext
-    from torch.compiler._cache import CacheArtifactManager
 
     entry = package.cache_entry()
     if not any(code.guarded_codes for code in entry.codes):
@@ -376,17 +421,39 @@ def _save(package: Any, ours: Ours, frame: str) -> None:
         STATE.pending[package] = frame
         return
     try:
-        # Written to our store only: torch's mega-cache (save_cache_artifacts) records
-        # what the user's settings make torch save, and these entries are ours.
-        with CacheArtifactManager.with_fresh_cache():
-            _store().save_cache_entry(entry, ours.key.digest)
-    except RuntimeError as error:
-        messages.left_out(frame, f"not saved ({error})")
+        data = _entry_bytes(entry)
+        _entries().publish(_NAMESPACE, ours.key.digest, data)
+    except Exception as error:  # noqa: BLE001 - an entry torch cannot pickle, or an unreachable store
+        if not isinstance(error, RuntimeError):
+            EVENTS.warn_once("warm start save", f"stableguards: a compiled entry could not be saved to "
+                                               f"{_entries().describe()} ({error!s:.200}); it is compiled "
+                                               f"again after a restart")
+        messages.left_out(frame, f"not saved ({error!s:.200})")
+        _release_lease(ours.key.digest)
         return
     STATE.pending.pop(package, None)
+    _release_lease(ours.key.digest)
     messages.saved()
     STATE.saved_here.add(ours.key.digest)
     write_index(cache_subdir("warm_start"), ours.key, ours.code)
+
+
+def _entry_bytes(entry: Any) -> bytes:
+    """A package's entry with its backends, pickled as ``DynamoStore.save_cache_entry``
+    would write it.  Our store only: torch's mega-cache (``save_cache_artifacts``)
+    records what the user's settings make torch save, and these entries are ours."""
+    import pickle
+
+    from torch._dynamo.package import PrecompileCacheEntry
+    from torch._dynamo.precompile_context import PrecompileContext
+    from torch.compiler._cache import CacheArtifactManager
+
+    with CacheArtifactManager.with_fresh_cache():
+        backends = {bid: PrecompileContext.serialize_artifact_by_key(bid) for bid in entry.backend_ids}
+        try:
+            return pickle.dumps(PrecompileCacheEntry(entry, backends))
+        except Exception as error:
+            raise RuntimeError(f"Failed to pickle the entry: {error}") from error
 
 
 def _record_artifact(call: Any, cls: Any, artifact: Any) -> None:

@@ -111,7 +111,8 @@ def round_trip(proof: Proof, loaded: Any, guards_state: Any, output_graph: Any) 
     """Why the guards loaded back from what was saved do not prove what the live ones did
     (in this process, on the compiled frame), or None."""
     if not loaded.check(output_graph.local_scope):
-        return "the saved guards, loaded back, fail on the call they were compiled for"
+        failed = loaded.check_verbose(output_graph.local_scope).verbose_code_parts
+        return f"the saved guards, loaded back, fail on the call they were compiled for ({'; '.join(failed)[:300]})"
     # The unguarded facts were written a moment ago in this process: nothing to write again.
     return _check(proof, loaded, guards_state, _Scope(output_graph.local_scope, output_graph.global_scope),
                   rewrite=False)

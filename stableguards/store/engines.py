@@ -1,0 +1,180 @@
+"""Where the shared store's bytes live: a directory (the default) or Redis (for fleets).
+
+An engine knows names and bytes, nothing of what they mean (``store.content`` does):
+
+* ``get(name)`` the bytes stored under ``name``, or None;
+* ``put(name, data)`` replaces them atomically: a reader sees the old bytes or
+  the new, never part of either;
+* ``claim(name, owner, ttl_s)`` takes a lease if nobody holds a live one,
+  ``release(name, owner)`` gives it back if ``owner`` still holds it, ``held(name)``
+  says whether anybody does.  A lease
+  expires by itself after ``ttl_s``, so a holder that died never blocks anyone
+  for longer.
+
+Failures of the engine itself (a directory that cannot be written, Redis
+unreachable) raise ``Unavailable``; the caller warns and goes on without.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any, Protocol
+
+from stableguards.files import atomic_write
+
+
+class Unavailable(Exception):
+    """The engine cannot be read or written right now."""
+
+
+class Engine(Protocol):
+    def get(self, name: str) -> bytes | None: ...
+
+    def put(self, name: str, data: bytes) -> None: ...
+
+    def claim(self, name: str, owner: str, ttl_s: float) -> bool: ...
+
+    def release(self, name: str, owner: str) -> None: ...
+
+    def held(self, name: str) -> bool: ...
+
+    def describe(self) -> str: ...
+
+
+class DirectoryEngine:
+    """One file per name under a directory; writes go through a temp file and a rename."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+
+    def describe(self) -> str:
+        return str(self.directory)
+
+    def _path(self, name: str) -> Path:
+        if name.startswith("/") or ".." in name.split("/"):
+            raise ValueError(f"not a store name: {name!r}")
+        return self.directory / name
+
+    def get(self, name: str) -> bytes | None:
+        try:
+            return self._path(name).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            raise Unavailable(f"{self._path(name)}: {error}") from error
+
+    def put(self, name: str, data: bytes) -> None:
+        path = self._path(name)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, data)
+        except OSError as error:
+            raise Unavailable(f"{path}: {error}") from error
+
+    def claim(self, name: str, owner: str, ttl_s: float) -> bool:
+        """A lease is a file created exclusively; an expired one is moved aside first, under a
+        name only this claimant uses, so two claimants of an expired lease never both win."""
+        path = self._path(name)
+        record = json.dumps({"owner": owner, "expires": time.time() + ttl_s}).encode()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            held = _lease_record(path)
+            if held is not None and held.get("expires", 0) < time.time():
+                aside = path.with_name(f"{path.name}.expired-{owner}")
+                try:
+                    os.replace(path, aside)  # only one claimant finds the expired file to move
+                    aside.unlink(missing_ok=True)
+                except FileNotFoundError:
+                    pass
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        except OSError as error:
+            raise Unavailable(f"{path}: {error}") from error
+        with os.fdopen(fd, "wb") as f:
+            f.write(record)
+        return True
+
+    def release(self, name: str, owner: str) -> None:
+        path = self._path(name)
+        held = _lease_record(path)
+        if held is not None and held.get("owner") == owner:
+            path.unlink(missing_ok=True)
+
+    def held(self, name: str) -> bool:
+        record = _lease_record(self._path(name))
+        return record is not None and record.get("expires", 0) >= time.time()
+
+
+def _lease_record(path: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads(path.read_bytes() or b"{}")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        # Being written this instant (created, not yet filled) or garbage: held, for now; a
+        # garbage file ages out by its modification time.
+        try:
+            return {"owner": None, "expires": path.stat().st_mtime + 60}
+        except FileNotFoundError:
+            return None
+    return record if isinstance(record, dict) else {"owner": None, "expires": 0}
+
+
+# Compare-and-delete: a lease is given back only by the owner that holds it.
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+
+
+class RedisEngine:
+    """Names under one key prefix in a Redis database; ``SET`` is atomic, a lease is ``SET NX PX``."""
+
+    PREFIX = "stableguards:store:"
+
+    def __init__(self, url: str, timeout_s: float = 2.0) -> None:
+        import redis  # optional dependency: pip install 'stableguards[redis]'
+
+        self.url = url
+        self._redis = redis
+        self._client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self._release = self._client.register_script(_RELEASE)
+
+    def describe(self) -> str:
+        return redacted(self.url)
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return getattr(self._client, method)(*args, **kwargs)
+        except self._redis.RedisError as error:
+            raise Unavailable(f"{redacted(self.url)}: {error}") from error
+
+    def get(self, name: str) -> bytes | None:
+        return self._call("get", self.PREFIX + name)
+
+    def put(self, name: str, data: bytes) -> None:
+        self._call("set", self.PREFIX + name, data)
+
+    def claim(self, name: str, owner: str, ttl_s: float) -> bool:
+        return bool(self._call("set", self.PREFIX + name, owner.encode(), nx=True, px=max(1, int(ttl_s * 1000))))
+
+    def held(self, name: str) -> bool:
+        return bool(self._call("exists", self.PREFIX + name))
+
+    def release(self, name: str, owner: str) -> None:
+        try:
+            self._release(keys=[self.PREFIX + name], args=[owner.encode()])
+        except self._redis.RedisError as error:
+            raise Unavailable(f"{redacted(self.url)}: {error}") from error
+
+
+def redacted(url: str) -> str:
+    """``url`` with any user name and password replaced by ``***``: fit for logs and explain()."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = "***@" + (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))

@@ -1,0 +1,108 @@
+"""Warm start from one shared store (STABLEGUARDS_STORE): a replica with an empty local cache
+dir starts warm, signed entries, ranks that wait for the one compiling, and faults (an
+unreachable Redis, a lease holder that died).  Fresh processes, torch 2.15."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from stableguards.store import open_store
+from stableguards.store.engines import RedisEngine
+
+pytestmark = pytest.mark.skipif(not hasattr(torch._dynamo.package.CompilePackage, "bypass_current_compile"),
+                                reason="warm start needs torch 2.15")
+
+CHILD = Path(__file__).with_name("_store_child.py")
+
+
+def _env(local: Path, store: str, key: str | None = None, **extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STABLEGUARDS_")}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(local), TORCHDYNAMO_STABLE_GUARDS="1", STABLEGUARDS_STORE=store,
+               PYTHONHASHSEED="random", **extra)
+    if key:
+        env["STABLEGUARDS_STORE_KEY"] = key
+    return env
+
+
+def _start(local: Path, store: str, key: str | None = None, hold_s: float = 0, **extra: str) -> subprocess.Popen:
+    args = [sys.executable, str(CHILD)] + ([str(hold_s)] if hold_s else [])
+    return subprocess.Popen(args, env=_env(local, store, key, **extra), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _result(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    result["stderr"] = err
+    assert result["ok"], result
+    return result
+
+
+def _run(local: Path, store: str, key: str | None = None, **extra: str) -> dict:
+    return _result(_start(local, store, key, **extra))
+
+
+@pytest.fixture
+def store(redis_url):
+    """A fleet's store: a real redis-server (the directory engine is every other warm-start
+    test's default store, and tests/test_store.py runs the protocol on both)."""
+    RedisEngine(redis_url)._client.flushdb()
+    return redis_url
+
+
+def test_a_replica_with_an_empty_local_dir_starts_warm_from_the_store(tmp_path, store):
+    cold = _run(tmp_path / "machine-a", store)
+    assert cold["traced"] > 0
+    warm = _run(tmp_path / "machine-b", store)
+    assert warm["traced"] == 0, warm["explain"]
+    assert not (tmp_path / "machine-b" / "stableguards" / "store").exists()  # nothing local needed
+
+
+def test_entries_signed_with_another_key_are_refused(tmp_path):
+    """(The protocol is the same on every engine: tests/test_store.py.)"""
+    store = str(tmp_path / "shared")
+    _run(tmp_path / "a", store, key="right")
+    wrong = _run(tmp_path / "b", store, key="wrong")
+    assert wrong["traced"] > 0 and "signature does not match" in wrong["stderr"]
+    assert wrong["stderr"].count("could not be read") == 1  # one warning
+    unsigned = _run(tmp_path / "c", store)  # no key: the store is trusted as it is
+    assert unsigned["traced"] == 0
+
+
+def test_ranks_started_together_compile_once(tmp_path, store):
+    """Four processes on a cold store: one holds the lease and compiles (slowly), the others
+    wait for its entry and start from it."""
+    procs = [_start(tmp_path / f"rank{i}", store, hold_s=1.0) for i in range(4)]
+    results = [_result(p) for p in procs]
+    traced = sorted(r["traced"] for r in results)
+    assert traced[:3] == [0, 0, 0] and traced[3] > 0, [r["explain"] for r in results]
+    assert sum("waited for it" in r["explain"] for r in results) == 3
+
+
+def test_a_lease_whose_holder_died_expires(tmp_path, store):
+    first = _run(tmp_path / "probe", str(tmp_path / "probe-store"))  # learn the entry's key digest
+    digest = next(p.name for p in (tmp_path / "probe-store" / "refs" / "warm_start").iterdir())
+    open_store(None, store, key="").engine.claim(f"leases/warm_start/{digest}", "dead-host:1:x", 3)
+    start = time.monotonic()
+    result = _run(tmp_path / "a", store, STABLEGUARDS_STORE_LEASE_S="60")
+    assert result["traced"] == first["traced"] and time.monotonic() - start >= 2  # waited, then compiled
+    assert "waited for it" in result["explain"]
+
+
+def test_an_unreachable_redis_warns_once_and_compiles(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = _run(tmp_path / "a", f"redis://127.0.0.1:{port}/0")
+    assert result["traced"] > 0
+    assert result["stderr"].count("could not be read from redis://") == 1, result["stderr"][-2000:]

@@ -1,0 +1,182 @@
+"""The shared store's protocol (stableguards.store), on a directory and on a real redis-server:
+entries by digest, verified and signed, atomic, with leases.  No torch here."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import socket
+import time
+
+import pytest
+
+from stableguards.store import open_store
+from stableguards.store.content import ContentStore, Unusable, lease_owner
+from stableguards.store.engines import DirectoryEngine, RedisEngine, Unavailable
+
+
+@pytest.fixture(params=["directory", "redis"])
+def location(request, tmp_path):
+    if request.param == "directory":
+        return str(tmp_path / "store")
+    url = request.getfixturevalue("redis_url")
+    RedisEngine(url)._client.flushdb()
+    return url
+
+
+def test_an_entry_comes_back_whole(location):
+    store = open_store(None, location, key="")
+    digest = store.publish("ns", "a", b"payload")
+    assert digest == hashlib.sha256(b"payload").hexdigest()
+    assert store.fetch("ns", "a") == b"payload"
+    assert store.fetch("ns", "absent") is None and not store.has("ns", "absent")
+    store.publish("ns", "a", b"second")
+    assert store.fetch("ns", "a") == b"second"
+
+
+def _corrupt(store: ContentStore, digest: str, data: bytes) -> None:
+    store.engine.put(f"blobs/{digest}", data)
+
+
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "missing", "foreign record", "other format"])
+def test_a_damaged_entry_is_refused_and_kept(location, damage):
+    store = open_store(None, location, key="")
+    digest = store.publish("ns", "a", b"x" * 100)
+    if damage == "flipped":
+        _corrupt(store, digest, b"y" + b"x" * 99)
+    elif damage == "truncated":
+        _corrupt(store, digest, b"x" * 50)
+    elif damage == "missing":
+        store.engine.put("refs/ns/a", store.engine.get("refs/ns/a").replace(digest.encode(), b"0" * 64))
+    elif damage == "foreign record":
+        store.engine.put("refs/ns/a", b"\x80\x04pickle")
+    else:
+        store.engine.put("refs/ns/a", json.dumps({"format": 99, "digest": digest}).encode())
+    with pytest.raises(Unusable):
+        store.fetch("ns", "a")
+    assert store.engine.get("refs/ns/a") is not None  # nothing stored is removed
+    store.publish("ns", "a", b"x" * 100)  # a fresh publish repairs it
+    assert store.fetch("ns", "a") == b"x" * 100
+
+
+def test_with_a_key_only_entries_signed_with_it_are_read(location):
+    signed = open_store(None, location, key="k1")
+    signed.publish("ns", "a", b"one")
+    assert signed.fetch("ns", "a") == b"one"
+    with pytest.raises(Unusable, match="signature"):
+        open_store(None, location, key="k2").fetch("ns", "a")
+    unsigned = open_store(None, location, key="")
+    unsigned.publish("ns", "b", b"two")
+    with pytest.raises(Unusable, match="not signed"):
+        signed.fetch("ns", "b")
+    # A signature binds the bytes to their name: a record copied to another name is refused.
+    signed.engine.put("refs/ns/c", signed.engine.get("refs/ns/a"))
+    with pytest.raises(Unusable, match="signature"):
+        signed.fetch("ns", "c")
+    # Bytes swapped under a signed record: their digest no longer matches.
+    digest = json.loads(signed.engine.get("refs/ns/a"))["digest"]
+    signed.engine.put(f"blobs/{digest}", b"evil")
+    with pytest.raises(Unusable, match="corrupt"):
+        signed.fetch("ns", "a")
+    assert unsigned.fetch("ns", "b") == b"two"  # without a key the store is trusted like code
+
+
+def _writer(location: str, index: int, rounds: int) -> None:
+    store = open_store(None, location, key="k")
+    for round_ in range(rounds):
+        store.publish("ns", "shared", f"shared {index} {round_}".encode() * 1000)
+        store.publish("ns", f"own-{index}", f"own {index} {round_}".encode() * 1000)
+
+
+def test_eight_concurrent_writers_lose_nothing(location):
+    context = multiprocessing.get_context("spawn")
+    writers = [context.Process(target=_writer, args=(location, i, 20)) for i in range(8)]
+    for w in writers:
+        w.start()
+    reader = open_store(None, location, key="k")
+    while any(w.is_alive() for w in writers):  # every read while they write is whole, or none
+        data = reader.fetch("ns", "shared")
+        assert data is None or data.startswith(b"shared ")
+    for w in writers:
+        w.join()
+        assert w.exitcode == 0
+    assert reader.fetch("ns", "shared").startswith(b"shared ")
+    for i in range(8):
+        assert reader.fetch("ns", f"own-{i}") == f"own {i} 19".encode() * 1000
+
+
+def _killed_writer(location: str) -> None:
+    store = open_store(None, location, key="k")
+    for i in range(10**6):
+        store.publish("ns", "victim", os.urandom(64) + str(i).encode() * 5000)
+
+
+def test_a_writer_killed_mid_publish_leaves_a_whole_entry(location):
+    context = multiprocessing.get_context("spawn")
+    writer = context.Process(target=_killed_writer, args=(location,))
+    writer.start()
+    store = open_store(None, location, key="k")
+    deadline = time.monotonic() + 30
+    while not store.has("ns", "victim") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    writer.kill()
+    writer.join()
+    assert store.fetch("ns", "victim") is not None  # whole: it verified
+
+
+def test_a_lease_is_held_by_one_expires_and_is_given_back_only_by_its_owner(location):
+    store = open_store(None, location, key="")
+    engine = store.engine
+    assert engine.claim("leases/x", "a", 30) and engine.held("leases/x")
+    assert not engine.claim("leases/x", "b", 30)
+    engine.release("leases/x", "b")  # not b's
+    assert engine.held("leases/x")
+    engine.release("leases/x", "a")
+    assert not engine.held("leases/x") and engine.claim("leases/x", "b", 0.2)
+    time.sleep(0.4)  # b died holding it: it expires
+    assert not engine.held("leases/x") and engine.claim("leases/x", "c", 30)
+    with store.lease("ns", "y", 30) as held:
+        assert held and engine.held("leases/ns/y")
+        with store.lease("ns", "y", 30) as again:
+            assert not again
+    assert not engine.held("leases/ns/y")
+
+
+def test_waiting_ends_when_the_entry_arrives_or_its_lease_goes(location):
+    store = open_store(None, location, key="")
+    assert store.engine.claim("leases/ns/e", lease_owner(), 30)
+    start = time.monotonic()
+    assert not store.wait_for("ns", "e", timeout_s=0.3)
+    assert time.monotonic() - start >= 0.3
+    store.publish("ns", "e", b"done")
+    assert store.wait_for("ns", "e", timeout_s=5)
+    store.engine.release("leases/ns/e", lease_owner())
+    assert not store.wait_for("ns", "never", timeout_s=5)  # nobody holds it: no wait
+
+
+def test_an_expired_directory_lease_goes_to_one_claimant(tmp_path):
+    engine = DirectoryEngine(tmp_path)
+    assert engine.claim("leases/x", "dead", 0.01)
+    time.sleep(0.05)
+    winners = [owner for owner in ("a", "b", "c") if engine.claim("leases/x", owner, 30)]
+    assert winners == ["a"]
+
+
+def test_an_unreachable_redis_is_unavailable_quickly():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here
+    pytest.importorskip("redis")
+    engine = RedisEngine(f"redis://127.0.0.1:{port}/0", timeout_s=0.5)
+    start = time.monotonic()
+    with pytest.raises(Unavailable):
+        engine.get("refs/x")
+    assert time.monotonic() - start < 5
+
+
+def test_store_names_stay_inside_the_directory(tmp_path):
+    with pytest.raises(ValueError):
+        DirectoryEngine(tmp_path).get("../outside")

@@ -1,17 +1,14 @@
 """One process of the shared-store tests: compile a small model, check it against eager.
 
-    python tests/_store_child.py [HOLD_S]
+    python tests/_store_child.py
 
-The environment names the cache dir and the store (tests/test_shared_store.py).  HOLD_S
-makes the compile take that much longer (a slow compiler others should wait for).
+The environment names the cache dir and the store (tests/test_shared_store.py).
 Prints one JSON line: whether outputs equalled eager, the frames Dynamo traced, explain().
 """
 
 from __future__ import annotations
 
 import json
-import sys
-import time
 
 import torch
 import torch._dynamo.symbolic_convert as symbolic_convert
@@ -25,8 +22,6 @@ _init = symbolic_convert.InstructionTranslator.__init__
 def _count(self, *args, **kwargs):
     _init(self, *args, **kwargs)
     TRACED.append(self.f_code.co_name)
-    if len(sys.argv) > 1:
-        time.sleep(float(sys.argv[1]))
 
 
 symbolic_convert.InstructionTranslator.__init__ = _count

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from stableguards.store import open_store
-from stableguards.store.content import ContentStore, Unusable, lease_owner
+from stableguards.store.content import ContentStore, Unusable
 from stableguards.store.engines import DirectoryEngine, RedisEngine, Unavailable
 
 
@@ -138,23 +138,22 @@ def test_a_lease_is_held_by_one_expires_and_is_given_back_only_by_its_owner(loca
     assert not engine.held("leases/x") and engine.claim("leases/x", "b", 0.2)
     time.sleep(0.4)  # b died holding it: it expires
     assert not engine.held("leases/x") and engine.claim("leases/x", "c", 30)
-    with store.lease("ns", "y", 30) as held:
-        assert held and engine.held("leases/ns/y")
-        with store.lease("ns", "y", 30) as again:
-            assert not again
-    assert not engine.held("leases/ns/y")
+    assert store.claim("ns", "y", 30) and store.held("ns", "y")
+    assert not store.claim("ns", "y", 30)  # this process holds it already
+    store.release("ns", "y")
+    assert not store.held("ns", "y")
 
 
-def test_waiting_ends_when_the_entry_arrives_or_its_lease_goes(location):
+def test_waiting_ends_when_the_lease_goes(location):
     store = open_store(None, location, key="")
-    assert store.engine.claim("leases/ns/e", lease_owner(), 30)
+    assert store.claim("ns", "e", 30)
     start = time.monotonic()
-    assert not store.wait_for("ns", "e", timeout_s=0.3)
+    assert not store.wait_released("ns", "e", timeout_s=0.3)
     assert time.monotonic() - start >= 0.3
-    store.publish("ns", "e", b"done")
-    assert store.wait_for("ns", "e", timeout_s=5)
-    store.engine.release("leases/ns/e", lease_owner())
-    assert not store.wait_for("ns", "never", timeout_s=5)  # nobody holds it: no wait
+    store.release("ns", "e")
+    assert store.wait_released("ns", "e", timeout_s=5)
+    assert store.engine.claim("leases/ns/f", "dead", 0.3)  # a holder that died: its lease expires
+    assert store.wait_released("ns", "f", timeout_s=5)
 
 
 def test_an_expired_directory_lease_goes_to_one_claimant(tmp_path):
@@ -180,3 +179,21 @@ def test_an_unreachable_redis_is_unavailable_quickly():
 def test_store_names_stay_inside_the_directory(tmp_path):
     with pytest.raises(ValueError):
         DirectoryEngine(tmp_path).get("../outside")
+
+
+def test_an_entry_variant_is_what_its_folded_calls_return_in_this_process(monkeypatch):
+    """warm_start.variants: the calls are stored, a loader calls them again; equal answers,
+    equal variant; another answer (another rank), another variant."""
+    import math
+
+    from stableguards.warm_start import variants
+
+    calls = variants.dumps([("math", "floor", (2.5,), ()), ("math", "floor", (2.5,), ()),
+                            ("math", "copysign", (1, -2), ())])
+    assert json.loads(calls) == [["math", "copysign", [1, -2], []], ["math", "floor", [2.5], []]]
+    here = variants.variant(calls)
+    assert variants.variant(calls) == here
+    monkeypatch.setattr(math, "floor", lambda x: 7)
+    assert variants.variant(calls) != here
+    with pytest.raises(KeyError):
+        variants.variant(variants.dumps([("no_such_module", "f", (), ())]))

@@ -29,8 +29,6 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from stableguards.store.engines import Engine
@@ -115,29 +113,29 @@ class ContentStore:
     def has(self, namespace: str, name: str) -> bool:
         return self.engine.get(f"refs/{namespace}/{name}") is not None
 
-    @contextmanager
-    def lease(self, namespace: str, name: str, ttl_s: float) -> Iterator[bool]:
-        """Hold the lease on ``namespace/name`` while the block runs, if nobody else holds it:
-        yields whether this process holds it.  It expires after ``ttl_s`` whatever happens."""
-        owner = lease_owner()
-        held = self.engine.claim(f"leases/{namespace}/{name}", owner, ttl_s)
-        try:
-            yield held
-        finally:
-            if held:
-                self.engine.release(f"leases/{namespace}/{name}", owner)
+    # Leases: while one process makes the entry ``namespace/name``, others wait for it.
 
-    def wait_for(self, namespace: str, name: str, timeout_s: float, poll_s: float = 0.1) -> bool:
-        """Wait until the entry exists (True) or nobody holds its lease any more, or
-        ``timeout_s`` passes (False)."""
+    def claim(self, namespace: str, name: str, ttl_s: float) -> bool:
+        """Take the entry's lease for this process if nobody holds it; it expires after
+        ``ttl_s`` whatever happens to this process."""
+        return self.engine.claim(f"leases/{namespace}/{name}", lease_owner(), ttl_s)
+
+    def release(self, namespace: str, name: str) -> None:
+        """Give the lease back, if this process still holds it."""
+        self.engine.release(f"leases/{namespace}/{name}", lease_owner())
+
+    def held(self, namespace: str, name: str) -> bool:
+        return self.engine.held(f"leases/{namespace}/{name}")
+
+    def wait_released(self, namespace: str, name: str, timeout_s: float, poll_s: float = 0.1) -> bool:
+        """Wait until nobody holds the entry's lease (True: its holder saved the entry, gave
+        up, or died and the lease expired), or ``timeout_s`` passes (False)."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.has(namespace, name):
-                return True
-            if not self.engine.held(f"leases/{namespace}/{name}"):
-                return self.has(namespace, name)
+        while self.held(namespace, name):
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(poll_s)
-        return False
+        return True
 
 
 LEASE_ENV = "STABLEGUARDS_STORE_LEASE_S"

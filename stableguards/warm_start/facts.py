@@ -19,7 +19,9 @@ Kinds (a fact's ``kind``):
 * ``UNSHADOWED_BUILTINS``: the builtins a traced function reads that its
   module's globals do not define;
 * ``CONSTANT_RESULT``: an ``assume_constant_result`` function's result for
-  the arguments the compile called it with;
+  the arguments the compile called it with, and likewise a call Dynamo folds
+  without a guard whose result is the process's place in its job (rank,
+  world size, process group, device present);
 * ``ENVIRONMENT``: an environment variable the traced code read (through
   ``os.environ`` or ``os.getenv``), its value or its absence: Dynamo guards a
   value it read, but not that a variable it found missing is still missing.
@@ -114,14 +116,15 @@ def builtins_read(code: types.CodeType, globals_: Mapping[str, Any]) -> set[str]
 
 def constant_result(fn: Any, args: tuple, kwargs: Mapping[str, Any], result: Any,
                     identity: Callable[[Any], str | None]) -> Fact:
-    """What an ``assume_constant_result`` function returned for constant arguments."""
+    """What an ``assume_constant_result`` function (or a call Dynamo folded) returned for
+    constant arguments."""
     name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
     described = identity(fn)
     if described is None:
-        raise Unprovable(f"assume_constant_result function {name} has no identity that holds in another process")
+        raise Unprovable(f"the call to {name} the compile folded has no identity that holds in another process")
     if not all(_simple(a) for a in (*args, *kwargs.values(), result)):
-        raise Unprovable(f"assume_constant_result function {name} was called with or returned values that "
-                         f"cannot be compared across processes")
+        raise Unprovable(f"the compile folded a call to {name} with arguments or a result that cannot be "
+                         f"compared across processes ({args!r:.60}, {kwargs!r:.40} -> {result!r:.60})")
     call = f"({', '.join(map(stable_repr, args))}{', ' if args and kwargs else ''}" \
            f"{', '.join(f'{k}={stable_repr(v)}' for k, v in sorted(kwargs.items()))})"
     return Fact(name + call, CONSTANT_RESULT, f"{described}{call} == {stable_repr(result)}")

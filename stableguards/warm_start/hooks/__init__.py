@@ -51,8 +51,8 @@ from stableguards.components import Components
 from stableguards.events import EVENTS
 from stableguards.hooks.core import Hook, cache_subdir, registered_name
 from stableguards.store import ContentStore, open_store
-from stableguards.store.content import lease_owner, lease_seconds
-from stableguards.warm_start import messages
+from stableguards.store.content import lease_seconds
+from stableguards.warm_start import messages, variants
 from stableguards.warm_start.hooks import bundling, guards, loaded, proofs
 from stableguards.warm_start.identity import module_of_globals
 from stableguards.warm_start.index import changed_components, write_index
@@ -74,6 +74,8 @@ class Ours:
     dynamic: Any
     key: Components | None = None
     code: Any = None
+    # Calls its compiles folded about this process (a rank): its entry is kept per answer.
+    folded: set[variants.Call] = dataclasses.field(default_factory=set)
 
 
 def _serializable(backend: Any) -> bool:
@@ -181,20 +183,21 @@ def _code_source(call: Any, code: Any) -> tuple[str, str]:
 
 
 def _load(key: Components, code: Any) -> Any:
-    """The saved entry under ``key``, or None (nothing saved, or unusable: one warning).
+    """The saved entry under ``key`` for this process, or None (nothing saved, or unusable:
+    one warning).
 
     While another process holds the entry's lease (it is compiling the same entry from
-    the same store), wait for its entry instead of compiling it again; else take the
+    the same store), wait for it instead of compiling the same graphs; else take the
     lease, held until this process saves the entry (``_save``) or gives up on it."""
     store = _entries()
     try:
-        data = store.fetch(_NAMESPACE, key.digest)
-        if data is None and store.engine.held(_lease_name(key.digest)):
+        data = _fetch(store, key.digest)
+        if data is None and store.held(_NAMESPACE, key.digest):
             messages.waiting(frame_label(code), store.describe())
-            if store.wait_for(_NAMESPACE, key.digest, lease_seconds()):
-                data = store.fetch(_NAMESPACE, key.digest)
+            if store.wait_released(_NAMESPACE, key.digest, lease_seconds()):
+                data = _fetch(store, key.digest)
         if data is None:
-            if store.engine.claim(_lease_name(key.digest), lease_owner(), lease_seconds()):
+            if store.claim(_NAMESPACE, key.digest, lease_seconds()):
                 if not STATE.leases:
                     atexit.register(_release_leases)  # an entry still waiting for its backward
                 STATE.leases[key.digest] = store
@@ -206,6 +209,15 @@ def _load(key: Components, code: Any) -> Any:
                                            f"{store.describe()} ({error!s:.200}); compiling as usual")
         messages.not_used(frame_label(code), f"unreadable: {error!s:.200}")
         return None
+
+
+def _fetch(store: ContentStore, digest: str) -> bytes | None:
+    """The entry under ``digest``, or its variant for this process when its compiles folded
+    calls about their process (``warm_start.variants``)."""
+    calls = store.fetch(_CALLS, digest)
+    if calls is None:
+        return store.fetch(_NAMESPACE, digest)
+    return store.fetch(_NAMESPACE, f"{digest}.{variants.variant(calls)}")
 
 
 def _read_entry(data: bytes) -> Any:
@@ -232,7 +244,7 @@ def _release_lease(digest: str) -> None:
     store = STATE.leases.pop(digest, None)
     if store is not None:
         with contextlib.suppress(Exception):  # an unreachable store: the lease expires by itself
-            store.engine.release(_lease_name(digest), lease_owner())
+            store.release(_NAMESPACE, digest)
 
 
 def _initialize(package: Any, target: Any, entry: Any, code: Any, key: Components) -> None:
@@ -318,15 +330,12 @@ def _configs() -> dict[str, dict[str, Any]]:
 
 
 _NAMESPACE = "warm_start"
+_CALLS = "warm_start_calls"  # the calls an entry's variants are chosen by (warm_start.variants)
 
 
 def _entries() -> ContentStore:
     """Our entries' store: ``STABLEGUARDS_STORE``, or a directory of ours in the cache dir."""
     return open_store(cache_subdir("store"))
-
-
-def _lease_name(digest: str) -> str:
-    return f"leases/{_NAMESPACE}/{digest}"
 
 
 def _bypass_current_compile(call: Any, *args: Any, **kwargs: Any) -> None:
@@ -352,8 +361,9 @@ def compile_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -
             self._package = None
         return call(self, frame, *args, **kwargs)
     frame_name = frame_label(frame.f_code)
+    traced = proofs.Traced()
     tokens = [(STATE.frame, STATE.frame.set(frame_name)), (STATE.bundling, STATE.bundling.set(True)),
-              (STATE.traced, STATE.traced.set(proofs.Traced()))]
+              (STATE.traced, STATE.traced.set(traced))]
     try:
         result = call(self, frame, *args, **kwargs)
     except Exception as error:
@@ -378,6 +388,9 @@ def compile_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -
                                       f"again without")
         _release_lease(ours.key.digest)
         return call.fn(self, frame, *args, **kwargs)
+    ours.folded |= {(c.fn.__module__, c.fn.__qualname__, c.args, tuple(sorted(c.kwargs.items())))
+                    for c in traced.constants if guards.folds_process_state(c.fn)
+                    and variants.jsonable([c.args, list(c.kwargs.values())])}
     _save(package, ours, frame_name)
     if package not in STATE.pending:
         _release_lease(ours.key.digest)  # saved, or nothing to save: nobody need wait
@@ -422,7 +435,12 @@ def _save(package: Any, ours: Ours, frame: str) -> None:
         return
     try:
         data = _entry_bytes(entry)
-        _entries().publish(_NAMESPACE, ours.key.digest, data)
+        store, name = _entries(), ours.key.digest
+        if ours.folded:
+            calls = variants.dumps(ours.folded)
+            name = f"{name}.{variants.variant(calls)}"
+            store.publish(_CALLS, ours.key.digest, calls)
+        store.publish(_NAMESPACE, name, data)
     except Exception as error:  # noqa: BLE001 - an entry torch cannot pickle, or an unreachable store
         if not isinstance(error, RuntimeError):
             EVENTS.warn_once("warm start save", f"stableguards: a compiled entry could not be saved to "

@@ -205,6 +205,61 @@ def _record_constant(call: Any, tx: Any, fn: Any, name: str, args: Any, kwargs: 
     return call(tx, recorded, name, args, kwargs)
 
 
+def _record_folded(call: Any, self: Any, tx: Any, args: Any, kwargs: Any) -> Any:
+    """A call Dynamo folds into the graph without a guard, whose result is this process's
+    place in its job (a rank, a world size, a process group's ranks, whether a device is
+    there): a fact of the entry (``CONSTANT_RESULT``), called again in the process that
+    loads it.  Rank 1 is never served what was traced on rank 0.  A call whose arguments
+    are not plain values (a ``ProcessGroup`` object) leaves the entry out."""
+    traced = STATE.traced.get()
+    result = call(self, tx, args, kwargs)
+    if traced is not None and folds_process_state(self.value):
+        traced.constants.append(proofs.ConstantCall(self.value, tuple(map(_plain, args)),
+                                                    {k: _plain(v) for k, v in kwargs.items()}, _plain(result)))
+    return result
+
+
+class _NotPlain:
+    """A value Dynamo does not know as a Python constant: no fact can be written about it."""
+
+    def __repr__(self) -> str:
+        return "<not a constant>"
+
+
+def _plain(variable: Any) -> Any:
+    try:
+        return variable.as_python_constant()
+    except Exception:  # noqa: BLE001 - NotImplementedError, or a tracker's own refusal
+        return _NotPlain()
+
+
+@functools.cache
+def _process_state_functions() -> frozenset[Any]:
+    """What Dynamo folds without a guard that differs between the processes of one job
+    (torch/_dynamo/variables/torch.py: ``constant_fold_functions`` and the process-group
+    handlers).  Functions of their arguments alone (``torch.is_complex``) and state
+    Dynamo guards otherwise (autocast, the default dtype: ``GLOBAL_STATE``) are not here."""
+    import torch
+
+    functions = {torch.cuda.is_available, torch.cuda.get_device_properties, torch.accelerator.is_available,
+                 torch.backends.mps.is_built}
+    if torch.distributed.is_available():
+        from torch.distributed import distributed_c10d as c10d
+
+        functions |= {c10d.is_initialized, c10d.get_rank, c10d.get_world_size, c10d.get_process_group_ranks}
+        functions |= {getattr(c10d, name) for name in ("_get_group_size_by_name", "_get_group_tag",
+                                                       "_rank_not_in_group", "_resolve_group_name_by_ranks_and_tag")
+                      if hasattr(c10d, name)}
+    return frozenset(functions)
+
+
+def folds_process_state(fn: Any) -> bool:
+    try:
+        return fn in _process_state_functions()
+    except TypeError:  # unhashable
+        return False
+
+
 def _record_inlined(call: Any, self: Any, *args: Any, **kwargs: Any) -> None:
     """A function inlined while tracing for a saved entry, with the globals it reads (the
     builtins it reads must not be shadowed there in a restarted process)."""
@@ -298,6 +353,8 @@ HOOKS = [
     # by-name copy runs only for a specialized module, whose NN_MODULE guard is never saved.
     Hook("torch._dynamo.variables.functions", "invoke_and_store_as_constant", "warm_start", _record_constant,
          params=("tx", "fn", "name", "args", "kwargs")),
+    Hook("torch._dynamo.variables.torch", "TorchInGraphFunctionVariable.call_function", "warm_start",
+         _record_folded, params=("tx", "args", "kwargs")),
     Hook("torch._dynamo.symbolic_convert", "InliningInstructionTranslator.__init__", "warm_start", _record_inlined,
          params=("parent", "code", "symbolic_locals", "funcvar")),
 ]

@@ -48,7 +48,8 @@ _NN_MODULE = "torch.nn.modules.module"
 
 @dataclass
 class ConstantCall:
-    """An ``assume_constant_result`` call made while tracing: recorded, never repeated there."""
+    """An ``assume_constant_result`` call made while tracing (recorded, never repeated there),
+    or a call Dynamo folded without a guard (``guards._record_folded``)."""
 
     fn: Any
     args: tuple

@@ -192,7 +192,9 @@ def _load(key: Components, code: Any) -> Any:
     store = _entries()
     try:
         data = _fetch(store, key.digest)
-        if data is None and store.held(_NAMESPACE, key.digest):
+        # Never wait for a lease this process holds itself (a compile of the same key under
+        # way or unsaved here, e.g. before torch._dynamo.reset()).
+        if data is None and key.digest not in STATE.leases and store.held(_NAMESPACE, key.digest):
             messages.waiting(frame_label(code), store.describe())
             if store.wait_released(_NAMESPACE, key.digest, lease_seconds()):
                 data = _fetch(store, key.digest)
@@ -368,6 +370,8 @@ def compile_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -
         result = call(self, frame, *args, **kwargs)
     except Exception as error:
         if not _retry_without_package(error):
+            if package not in STATE.pending:
+                _release_lease(ours.key.digest)  # a graph break, a skipped frame: nothing saved now
             raise
         failure = error
     else:

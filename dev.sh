@@ -6,7 +6,8 @@
 #                    then warm start cold vs warm, flag off vs on
 #   ./dev.sh test    the test suite (arguments after it go to pytest)
 #   ./dev.sh bench   the micro-benchmarks (allocator, import time, profile I/O, backends, key ledger,
-#                    optimizer steps, warm start, real models; cudagraph checks on a CUDA machine)
+#                    optimizer steps, warm start, real models, a fleet of ranks; cudagraph checks on a
+#                    CUDA machine)
 #
 #   --torch VERSION  (first argument after the command) runs against another torch:
 #                    ./dev.sh test --torch 2.13.0
@@ -51,7 +52,7 @@ case "$COMMAND" in
     bench)
         setup test,bench
         for script in alloc_cost import_time pgo_io backend_switch optimizer_table optimizer_guard_check \
-                      optimizer_rebuild cudagraph_static backend_call_cost key_ledger warm_start real_models; do
+                      optimizer_rebuild cudagraph_static backend_call_cost key_ledger warm_start real_models fleet; do
             "$PY" "bench/$script.py"
         done
         ;;

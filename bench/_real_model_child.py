@@ -35,6 +35,22 @@ def _count_traced(self, *args, **kwargs):
 
 torch._dynamo.symbolic_convert.InstructionTranslator.__init__ = _count_traced
 
+# Seconds spent in torch.compile() itself: with the flag it is where a saved entry is read and
+# installed, so it counts towards compile seconds.
+IN_COMPILE = [0.0]
+_torch_compile = torch.compile
+
+
+def _timed_compile(*args, **kwargs):
+    start = time.perf_counter()
+    try:
+        return _torch_compile(*args, **kwargs)
+    finally:
+        IN_COMPILE[0] += time.perf_counter() - start
+
+
+torch.compile = _timed_compile
+
 def _gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -187,7 +203,7 @@ def main(name: str) -> dict:
     ok = all(torch.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(outputs, expected, strict=True))
     inductor, aot = dynamo_utils.counters["inductor"], dynamo_utils.counters["aot_autograd"]
     return {
-        "compile_s": first_s - steady_s, "frames": frames, "traced": TRACED, "ok": ok,
+        "compile_s": IN_COMPILE[0] + first_s - steady_s, "frames": frames, "traced": TRACED, "ok": ok,
         "fx": [inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"], inductor["fxgraph_cache_bypass"]],
         "aot": [aot["autograd_cache_hit"], aot["autograd_cache_miss"], aot["autograd_cache_bypass"]],
         "explain": stableguards.explain(),

@@ -5,7 +5,7 @@ Each workload (bench/_real_model_child.py: tiny transformers models with random 
 downloads, and a training step with custom autograd and selective checkpointing) runs in a cold
 process, then a warm one on the same new cache dir.  Columns:
 
-* cold s, warm s, warm/cold: what the first calls cost beyond running them;
+* cold s, warm s, warm/cold: what ``torch.compile()`` and the first calls cost beyond running them;
 * frames: frames Dynamo traced in the warm process, resume functions included (0: all installed from
   saved entries);
 * FX h/m/b, AOT h/m/b: FX-graph and AOTAutograd cache hits, misses and bypasses, warm;

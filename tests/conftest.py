@@ -34,10 +34,8 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.fixture(scope="session")
-def redis_url(tmp_path_factory):
-    """A real redis-server on a free loopback port, for this test session only."""
-    import shutil
+def _start_redis(workdir):
+    """A redis-server on a free loopback port: (its process, its URL); skips without one."""
     import socket
     import subprocess
     import time
@@ -49,7 +47,6 @@ def redis_url(tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    workdir = tmp_path_factory.mktemp("redis")
     proc = subprocess.Popen(
         [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
          "--dir", str(workdir)],
@@ -65,6 +62,22 @@ def redis_url(tmp_path_factory):
     else:
         proc.kill()
         pytest.fail("redis-server did not start")
-    yield f"redis://127.0.0.1:{port}/0"
+    return proc, f"redis://127.0.0.1:{port}/0"
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):
+    """A real redis-server on a free loopback port, for this test session only."""
+    proc, url = _start_redis(tmp_path_factory.mktemp("redis"))
+    yield url
     proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    """A redis-server of this test's own, which the test may stop: (process, URL)."""
+    proc, url = _start_redis(tmp_path)
+    yield proc, url
+    proc.kill()
     proc.wait(timeout=10)

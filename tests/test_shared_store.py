@@ -134,3 +134,38 @@ def test_ranks_share_what_is_the_same_and_keep_what_bakes_in_their_rank(tmp_path
     lied = _ranks(tmp_path, store, 3, "lied")
     assert sum(bool(r["traced"]) for r in lied) == 2
     assert all("get_rank" in r["explain"] for r in lied if r["traced"]), [r["explain"] for r in lied]
+
+
+def test_redis_stopped_mid_run_warns_once_and_every_call_is_right(redis_server, monkeypatch, caplog):
+    """In one process: a function compiled and saved while Redis runs; Redis stops; a new
+    function's load and save fail (one warning each), it compiles and runs, and the first
+    function's saved entry was whole."""
+    import logging
+
+    import torch._dynamo
+
+    from stableguards.warm_start.state import STATE
+
+    proc, url = redis_server
+    monkeypatch.setenv("STABLEGUARDS_STORE", url)
+    x = torch.randn(8)
+
+    def before(x):
+        return x.sin() + 1
+
+    def after(x):
+        return x.cos() * 2
+
+    with torch._dynamo.config.patch(stable_guards=True), caplog.at_level(logging.WARNING):
+        torch._dynamo.reset()
+        STATE.forget_process()
+        torch.testing.assert_close(torch.compile(before)(x), before(x))
+        assert open_store(None, url, key="").has("warm_start", next(iter(STATE.saved_here)))
+        proc.kill()
+        proc.wait(timeout=10)
+        for _ in range(2):
+            torch.testing.assert_close(torch.compile(after)(x), after(x))
+        torch._dynamo.reset()
+        STATE.forget_process()
+    warnings = [r.getMessage() for r in caplog.records if "stableguards" in r.getMessage()]
+    assert sum("could not be read from redis://" in w for w in warnings) == 1, warnings

@@ -3,12 +3,15 @@
     python tests/_store_child.py
 
 The environment names the cache dir and the store (tests/test_shared_store.py).
-Prints one JSON line: whether outputs equalled eager, the frames Dynamo traced, explain().
+Prints one JSON line: whether outputs equalled eager, the frames Dynamo traced, the seconds
+torch.compile() took (a wait for another process's entry), explain().
 """
 
 from __future__ import annotations
 
 import json
+import os
+import time
 
 import torch
 import torch._dynamo.symbolic_convert as symbolic_convert
@@ -34,11 +37,16 @@ def main() -> dict:
     def fn(x):
         return model(x).softmax(-1)
 
-    compiled = torch.compile(fn)
+    start = time.monotonic()
+    compiled = torch.compile(fn)  # where a process waits for an entry another is compiling
+    waited_s = time.monotonic() - start
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():  # an inference graph: its entry is saved when it compiles
+    # An inference graph: its entry is saved when it compiles.  STORE_CHILD_GRAD: a training
+    # graph whose backward never runs (its entry waits for it), then STORE_CHILD_LINGER_S idle.
+    with torch.set_grad_enabled(bool(os.environ.get("STORE_CHILD_GRAD"))):
         ok = bool(torch.allclose(compiled(x), fn(x), rtol=1e-5, atol=1e-6))
-    return {"ok": ok, "traced": len(TRACED), "explain": stableguards.explain()}
+    time.sleep(float(os.environ.get("STORE_CHILD_LINGER_S", "0")))
+    return {"ok": ok, "traced": len(TRACED), "waited_s": waited_s, "explain": stableguards.explain()}
 
 
 if __name__ == "__main__":

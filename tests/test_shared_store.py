@@ -169,3 +169,21 @@ def test_redis_stopped_mid_run_warns_once_and_every_call_is_right(redis_server, 
         STATE.forget_process()
     warnings = [r.getMessage() for r in caplog.records if "stableguards" in r.getMessage()]
     assert sum("could not be read from redis://" in w for w in warnings) == 1, warnings
+
+
+def test_an_entry_waiting_for_a_backward_that_never_comes_holds_others_briefly(tmp_path, store):
+    """A process that runs a forward with grad and never a backward: its entry waits for the
+    backward forever, its lease only for a tenth of the lease period; another process waits
+    that long at most, then compiles."""
+    env = {"STABLEGUARDS_STORE_LEASE_S": "30", "STORE_CHILD_GRAD": "1", "STORE_CHILD_LINGER_S": "25"}
+    holder = _start(tmp_path / "a", store, **env)
+    deadline = time.monotonic() + 120
+    engine = open_store(None, store, key="").engine
+    while not engine._client.keys(engine.PREFIX + "leases/*") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    waiter = _result(_start(tmp_path / "b", store, **env))
+    # Waited while the holder compiled its forward, then 3 s at most, never the 30 s lease.
+    assert "waited for it" in waiter["explain"] and waiter["traced"] > 0
+    assert waiter["waited_s"] < 20, waiter["waited_s"]
+    holder.kill()
+    holder.wait()

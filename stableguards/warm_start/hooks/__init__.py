@@ -237,6 +237,20 @@ def _read_entry(data: bytes) -> Any:
     return entry
 
 
+def _shorten_lease(digest: str) -> None:
+    """An entry that waits for its backward (compiled on first use, which may never come: a
+    forward run with grad and no backward) keeps its lease for a tenth of the lease period
+    only: others wait that long for it at most, then compile it themselves."""
+    store = STATE.leases.get(digest)
+    if store is None:
+        return
+    with contextlib.suppress(Exception):  # an unreachable store: the lease expires by itself
+        store.release(_NAMESPACE, digest)
+        if store.claim(_NAMESPACE, digest, lease_seconds() / 10):
+            return
+    STATE.leases.pop(digest, None)
+
+
 def _release_leases() -> None:
     for digest in list(STATE.leases):
         _release_lease(digest)
@@ -435,6 +449,7 @@ def _save(package: Any, ours: Ours, frame: str) -> None:
         # compiled, on first use: saved then (_record_artifact).
         if package not in STATE.pending:
             messages.pending(frame)
+            _shorten_lease(ours.key.digest)
         STATE.pending[package] = frame
         return
     try:

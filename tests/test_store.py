@@ -31,7 +31,7 @@ def test_an_entry_comes_back_whole(location):
     digest = store.publish("ns", "a", b"payload")
     assert digest == hashlib.sha256(b"payload").hexdigest()
     assert store.fetch("ns", "a") == b"payload"
-    assert store.fetch("ns", "absent") is None and not store.has("ns", "absent")
+    assert store.fetch("ns", "absent") is None
     store.publish("ns", "a", b"second")
     assert store.fetch("ns", "a") == b"second"
 
@@ -119,7 +119,7 @@ def test_a_writer_killed_mid_publish_leaves_a_whole_entry(location):
     writer.start()
     store = open_store(None, location, key="k")
     deadline = time.monotonic() + 30
-    while not store.has("ns", "victim") and time.monotonic() < deadline:
+    while store.engine.get("refs/ns/victim") is None and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.3)
     writer.kill()
@@ -162,6 +162,22 @@ def test_an_expired_directory_lease_goes_to_one_claimant(tmp_path):
     time.sleep(0.05)
     winners = [owner for owner in ("a", "b", "c") if engine.claim("leases/x", owner, 30)]
     assert winners == ["a"]
+
+
+def test_a_late_claimant_never_removes_the_fresh_lease_another_made(tmp_path):
+    """The interleaving two claimants of an expired lease can meet: b read the expired lease,
+    a broke it and made its own, then b breaks what it read: a's fresh lease stays."""
+    from stableguards.store.engines import _break, _lease_record
+
+    engine = DirectoryEngine(tmp_path)
+    assert engine.claim("leases/x", "dead", 0.01)
+    time.sleep(0.02)
+    path = tmp_path / "leases" / "x"
+    seen_by_b = _lease_record(path)
+    assert engine.claim("leases/x", "a", 30)
+    _break(path, seen_by_b)
+    assert _lease_record(path)["owner"] == "a" and not engine.claim("leases/x", "b", 30)
+    assert not path.with_name("x.break").exists()
 
 
 def test_an_unreachable_redis_is_unavailable_quickly():

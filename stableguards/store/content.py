@@ -105,13 +105,11 @@ class ContentStore:
         data = self.engine.get(f"blobs/{ref.digest}")
         if data is None:
             raise Unusable(f"its bytes ({ref.digest[:12]}) are missing")
-        if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.digest:
+        actual = hashlib.sha256(data).hexdigest()
+        if len(data) != ref.size or actual != ref.digest:
             raise Unusable(f"its bytes are corrupt or truncated ({len(data)} of {ref.size} bytes, digest "
-                           f"{hashlib.sha256(data).hexdigest()[:12]}, expected {ref.digest[:12]})")
+                           f"{actual[:12]}, expected {ref.digest[:12]})")
         return data
-
-    def has(self, namespace: str, name: str) -> bool:
-        return self.engine.get(f"refs/{namespace}/{name}") is not None
 
     # Leases: while one process makes the entry ``namespace/name``, others wait for it.
 

@@ -17,8 +17,10 @@ unreachable) raise ``Unavailable``; the caller warns and goes on without.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 import time
 import urllib.parse
 from pathlib import Path
@@ -76,27 +78,27 @@ class DirectoryEngine:
             raise Unavailable(f"{path}: {error}") from error
 
     def claim(self, name: str, owner: str, ttl_s: float) -> bool:
-        """A lease is a file created exclusively; an expired one is moved aside first, under a
-        name only this claimant uses, so two claimants of an expired lease never both win."""
+        """A lease is a file that appears whole or not at all (hard-linked from a temp file:
+        the link fails if the name exists).  An expired one is removed first by one claimant
+        at a time (``_break``), so two claimants of an expired lease never both win."""
         path = self._path(name)
         record = json.dumps({"owner": owner, "expires": time.time() + ttl_s}).encode()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             held = _lease_record(path)
             if held is not None and held.get("expires", 0) < time.time():
-                aside = path.with_name(f"{path.name}.expired-{owner}")
-                try:
-                    os.replace(path, aside)  # only one claimant finds the expired file to move
-                    aside.unlink(missing_ok=True)
-                except FileNotFoundError:
-                    pass
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                _break(path, held)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".claim")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(record)
+                os.link(tmp, path)
+            finally:
+                os.unlink(tmp)
         except FileExistsError:
             return False
         except OSError as error:
             raise Unavailable(f"{path}: {error}") from error
-        with os.fdopen(fd, "wb") as f:
-            f.write(record)
         return True
 
     def release(self, name: str, owner: str) -> None:
@@ -110,14 +112,38 @@ class DirectoryEngine:
         return record is not None and record.get("expires", 0) >= time.time()
 
 
+# A claimant that died while breaking an expired lease leaves its breaker file behind this long.
+_BREAKER_S = 10.0
+
+
+def _break(path: Path, expired: dict[str, Any]) -> None:
+    """Remove the expired lease ``expired`` at ``path``, unless another claimant is breaking it
+    (it holds ``<lease>.break``) or it was replaced meanwhile: read again under the breaker, so
+    a fresh lease another claimant made is never removed."""
+    breaker = path.with_name(f"{path.name}.break")
+    try:
+        fd = os.open(breaker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        with contextlib.suppress(FileNotFoundError):
+            if breaker.stat().st_mtime < time.time() - _BREAKER_S:
+                breaker.unlink()
+        return
+    os.close(fd)
+    try:
+        if _lease_record(path) == expired:
+            path.unlink(missing_ok=True)
+    finally:
+        breaker.unlink(missing_ok=True)
+
+
 def _lease_record(path: Path) -> dict[str, Any] | None:
     try:
-        record = json.loads(path.read_bytes() or b"{}")
+        record = json.loads(path.read_bytes())
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
-        # Being written this instant (created, not yet filled) or garbage: held, for now; a
-        # garbage file ages out by its modification time.
+        # Garbage (a lease appears whole, see claim): held, for now; it ages out by its
+        # modification time.
         try:
             return {"owner": None, "expires": path.stat().st_mtime + 60}
         except FileNotFoundError:

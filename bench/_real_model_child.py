@@ -19,21 +19,7 @@ import torch
 import torch._dynamo.utils as dynamo_utils
 
 import stableguards
-
-# Frames Dynamo traced (one InstructionTranslator each, resume functions included).  Dynamo's
-# counters["frames"] counts every call into its frame converter, also one that installed a
-# saved entry and traced nothing.
-TRACED: list[str] = []
-_translator_init = torch._dynamo.symbolic_convert.InstructionTranslator.__init__
-
-
-def _count_traced(self, *args, **kwargs):
-    _translator_init(self, *args, **kwargs)
-    TRACED.append(f"{self.f_code.co_name} ({os.path.basename(self.f_code.co_filename)}:"
-                  f"{self.f_code.co_firstlineno})")
-
-
-torch._dynamo.symbolic_convert.InstructionTranslator.__init__ = _count_traced
+from _traced import TRACED
 
 # Seconds spent in torch.compile() itself: with the flag it is where a saved entry is read and
 # installed, so it counts towards compile seconds.
@@ -199,11 +185,12 @@ def main(name: str) -> dict:
     compiled()
     steady_s = time.perf_counter() - start
     frames = len(TRACED)
+    traced = [f"{c.co_name} ({os.path.basename(c.co_filename)}:{c.co_firstlineno})" for c in TRACED]
     expected = eager()
     ok = all(torch.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(outputs, expected, strict=True))
     inductor, aot = dynamo_utils.counters["inductor"], dynamo_utils.counters["aot_autograd"]
     return {
-        "compile_s": IN_COMPILE[0] + first_s - steady_s, "frames": frames, "traced": TRACED, "ok": ok,
+        "compile_s": IN_COMPILE[0] + first_s - steady_s, "frames": frames, "traced": traced, "ok": ok,
         "fx": [inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"], inductor["fxgraph_cache_bypass"]],
         "aot": [aot["autograd_cache_hit"], aot["autograd_cache_miss"], aot["autograd_cache_bypass"]],
         "explain": stableguards.explain(),

@@ -14,20 +14,9 @@ import os
 import time
 
 import torch
-import torch._dynamo.symbolic_convert as symbolic_convert
 
 import stableguards
-
-TRACED: list[str] = []
-_init = symbolic_convert.InstructionTranslator.__init__
-
-
-def _count(self, *args, **kwargs):
-    _init(self, *args, **kwargs)
-    TRACED.append(self.f_code.co_name)
-
-
-symbolic_convert.InstructionTranslator.__init__ = _count
+from _traced import names as traced
 
 
 def main() -> dict:
@@ -46,7 +35,7 @@ def main() -> dict:
     with torch.set_grad_enabled(bool(os.environ.get("STORE_CHILD_GRAD"))):
         ok = bool(torch.allclose(compiled(x), fn(x), rtol=1e-5, atol=1e-6))
     time.sleep(float(os.environ.get("STORE_CHILD_LINGER_S", "0")))
-    return {"ok": ok, "traced": len(TRACED), "waited_s": waited_s, "explain": stableguards.explain()}
+    return {"ok": ok, "traced": len(traced()), "waited_s": waited_s, "explain": stableguards.explain()}
 
 
 if __name__ == "__main__":

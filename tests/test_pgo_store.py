@@ -285,3 +285,19 @@ def test_tiers_read_the_first_that_has_a_profile_and_write_to_all(tmp_path):
     assert remote.read("job") == profile_of("L['x']") | profile_of("L['y']") == merged
     assert tiers.read("job") == profile_of("L['x']")  # local first, as torch
     assert tiers.keys() == ["job"] and tiers.clear("job") and tiers.read("job") is None
+
+
+def test_the_shared_store_holds_profiles_under_torchs_local_switch(tmp_path, monkeypatch):
+    """STABLEGUARDS_STORE stands where torch's local profiles would, and follows their switch:
+    ``automatic_dynamic_local_pgo = False`` keeps profiles out of it too."""
+    import torch._dynamo.config as dynamo_config
+
+    from stableguards.profiles.hooks import profile_store
+    from stableguards.profiles.store import LocalStore
+
+    monkeypatch.setenv("STABLEGUARDS_STORE", str(tmp_path / "shared"))
+    with dynamo_config.patch(automatic_dynamic_local_pgo=True):
+        store = profile_store()
+        assert isinstance(store, LocalStore) and store.directory == tmp_path / "shared" / "pgo"
+    with dynamo_config.patch(automatic_dynamic_local_pgo=False):
+        assert profile_store() is None

@@ -99,8 +99,9 @@ def profile_store() -> ProfileStore | None:
 
     * Local: a directory in the inductor cache dir, when
       ``torch._dynamo.config.automatic_dynamic_local_pgo`` is on (torch's default),
-      or Redis when STABLEGUARDS_PGO_REDIS_URL is set (the user's explicit choice), or
-      the shared store ``STABLEGUARDS_STORE`` names (its ``pgo`` directory, or its Redis).
+      or Redis when STABLEGUARDS_PGO_REDIS_URL is set (the user's explicit choice); with
+      ``STABLEGUARDS_STORE`` set, the store it names (its ``pgo`` directory, or its Redis)
+      stands for the local directory, under the same switch.
     * Remote: torch's own remote PGO cache, when
       ``automatic_dynamic_remote_pgo`` turns it on, holding JSON (never a pickle).
 
@@ -112,7 +113,8 @@ def profile_store() -> ProfileStore | None:
 
     tiers: list[ProfileStore] = []
     shared = os.environ.get(STORE_ENV)
-    url = os.environ.get(REDIS_ENV_VAR) or (shared if shared and is_redis(shared) else None)
+    local = dynamo_config.automatic_dynamic_local_pgo
+    url = os.environ.get(REDIS_ENV_VAR) or (shared if shared and is_redis(shared) and local else None)
     if url:
         try:
             tiers.append(RedisStore(url))
@@ -120,10 +122,9 @@ def profile_store() -> ProfileStore | None:
             EVENTS.warn_once("redis", f"{REDIS_ENV_VAR if os.environ.get(REDIS_ENV_VAR) else STORE_ENV} names "
                                      "Redis but the redis package is not installed (pip install "
                                      "'stableguards[redis]'); compiling without it")
-    elif shared:
-        tiers.append(LocalStore(Path(shared) / "pgo"))
-    elif dynamo_config.automatic_dynamic_local_pgo:
-        tiers.append(LocalStore(cache_subdir("pgo")))
+    elif local:
+        # The shared store stands where torch's local profiles would: it follows their switch.
+        tiers.append(LocalStore(Path(shared) / "pgo" if shared else cache_subdir("pgo")))
     if pgo.should_use_remote_dynamo_pgo_cache() and (remote := pgo.get_remote_cache()) is not None:
         tiers.append(TorchRemoteStore(remote))
     if not tiers:

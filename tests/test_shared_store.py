@@ -81,10 +81,15 @@ def test_entries_signed_with_another_key_are_refused(tmp_path):
 def test_a_lease_whose_holder_died_expires(tmp_path, store):
     first = _run(tmp_path / "probe", str(tmp_path / "probe-store"))  # learn the entry's key digest
     digest = next(p.name for p in (tmp_path / "probe-store" / "refs" / "warm_start").iterdir())
+    gate = tmp_path / "gate"
+    proc = _start(tmp_path / "a", store, STABLEGUARDS_STORE_LEASE_S="60", STORE_CHILD_GATE=str(gate))
+    while not Path(f"{gate}.ready").exists():  # claimed once the child has started (a slow start is no expiry)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
     open_store(None, store, key="").engine.claim(f"leases/warm_start/{digest}", "dead-host:1:x", 3)
-    start = time.monotonic()
-    result = _run(tmp_path / "a", store, STABLEGUARDS_STORE_LEASE_S="60")
-    assert result["traced"] == first["traced"] and time.monotonic() - start >= 2  # waited, then compiled
+    gate.touch()
+    result = _result(proc)
+    assert result["traced"] == first["traced"] and result["waited_s"] >= 2  # waited, then compiled
     assert "waited for it" in result["explain"]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from stableguards.keys.ledger import KeyLedger, KeyRecord, differences, nearest
 
 CODE = "<lambda>()\n\ndef forward(self, arg0_1, arg1_1):\n    mul = torch.ops.aten.mul.Tensor(arg1_1, {s})\n    return (mul,)"
@@ -79,3 +81,23 @@ def test_the_ledger_is_bounded_and_evicts_the_least_recently_used(tmp_path):
     ledger.record(KeyRecord.from_debug_lines("a", []))  # used again: now the most recent
     ledger.record(KeyRecord.from_debug_lines("d", []))  # one too many: the least recently used goes
     assert sorted(r.key for r in ledger.recent()) == ["a", "c", "d"]
+
+
+def test_the_shared_ledger_keeps_the_most_recent_keys_newest_first(tmp_path):
+    """The ledger in a shared store: another process (another machine) reads what was recorded."""
+    from stableguards.keys.ledger import SharedKeyLedger
+    from stableguards.store.engines import DirectoryEngine
+
+    engine = DirectoryEngine(tmp_path)
+    ledger = SharedKeyLedger(engine, capacity=3)
+    for key in ("a", "b", "c", "a", "d"):
+        ledger.record(KeyRecord.from_debug_lines(key, [f"[h{key}] c: {key}"]))
+    assert [r.key for r in SharedKeyLedger(engine).recent()] == ["d", "a", "c"]  # b fell off the end
+    assert SharedKeyLedger(engine).recent()[1] == KeyRecord.from_debug_lines("a", ["[ha] c: a"])
+    engine.put("fx_keys/c", b"{not json")  # an unreadable record is skipped
+    engine.put(SharedKeyLedger.RECENT, json.dumps(["d", "../../etc", "c", 7]).encode())  # names checked
+    assert [r.key for r in ledger.recent()] == ["d"]
+    engine.put(SharedKeyLedger.RECENT, b"garbage")
+    assert ledger.recent() == []
+    ledger.record(KeyRecord.from_debug_lines("e", []))  # and it starts again
+    assert [r.key for r in ledger.recent()] == ["e"]

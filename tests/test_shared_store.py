@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -76,6 +77,11 @@ def test_entries_signed_with_another_key_are_refused(tmp_path):
     assert wrong["stderr"].count("could not be read") == 1  # one warning
     unsigned = _run(tmp_path / "c", store)  # no key: the store is trusted as it is
     assert unsigned["traced"] == 0
+    # A CPU with another vector ISA (here: none) would otherwise run C++ written for this one's.
+    # (Its own cache dir, with the cold one's index of keys, which names the difference.)
+    shutil.copytree(tmp_path / "a" / "stableguards" / "warm_start", tmp_path / "d" / "stableguards" / "warm_start")
+    other_cpu = _run(tmp_path / "d", store, key="right", ATEN_CPU_CAPABILITY="default")
+    assert other_cpu["traced"] > 0 and "cpu_isa" in other_cpu["explain"], other_cpu["explain"]
 
 
 def test_a_lease_whose_holder_died_expires(tmp_path, store):
@@ -86,7 +92,7 @@ def test_a_lease_whose_holder_died_expires(tmp_path, store):
     while not Path(f"{gate}.ready").exists():  # claimed once the child has started (a slow start is no expiry)
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         time.sleep(0.05)
-    open_store(None, store, key="").engine.claim(f"leases/warm_start/{digest}", "dead-host:1:x", 3)
+    open_store(None, store, key="").engine.claim(f"leases/warm_start/{digest}", "dead-host:1:x", 8)
     gate.touch()
     result = _result(proc)
     assert result["traced"] == first["traced"] and result["waited_s"] >= 2  # waited, then compiled
@@ -181,12 +187,15 @@ def test_an_entry_waiting_for_a_backward_that_never_comes_holds_others_briefly(t
     backward forever, its lease only for a tenth of the lease period; another process waits
     that long at most, then compiles."""
     env = {"STABLEGUARDS_STORE_LEASE_S": "30", "STORE_CHILD_GRAD": "1", "STORE_CHILD_LINGER_S": "25"}
+    gate = tmp_path / "gate"  # the waiter, started beside the holder, compiles once the lease is there
     holder = _start(tmp_path / "a", store, **env)
+    waiter = _start(tmp_path / "b", store, STORE_CHILD_GATE=str(gate), **env)
     deadline = time.monotonic() + 120
     engine = open_store(None, store, key="").engine
     while not engine._client.keys(engine.PREFIX + "leases/*") and time.monotonic() < deadline:
         time.sleep(0.05)
-    waiter = _result(_start(tmp_path / "b", store, **env))
+    gate.touch()
+    waiter = _result(waiter)
     # Waited while the holder compiled its forward, then 3 s at most, never the 30 s lease.
     assert "waited for it" in waiter["explain"] and waiter["traced"] > 0
     assert waiter["waited_s"] < 20, waiter["waited_s"]

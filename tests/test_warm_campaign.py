@@ -10,6 +10,10 @@ results differ between the two processes, for changes that are meant to);
 and with the flag on, unchanged cases start warm (no frame traced), except
 under inlineable saved-tensor hooks, whose entries are left out.
 
+The same campaign also runs across two machines: cold and warm each with an empty cache
+dir of its own, sharing one store (other cases, flag on; the changes were shown to bite
+above).
+
 Size: STABLEGUARDS_WARM_CAMPAIGN_CASES cases per batch (CI: 12) and
 STABLEGUARDS_WARM_CAMPAIGN_BATCHES batches (CI: 1, the same cases each run;
 with more, each batch is drawn from a random seed, printed on failure).
@@ -44,9 +48,12 @@ def _write(src: Path, batch: list[Case], warm: bool) -> None:
             (src / f"{name}.py").write_text(text)
 
 
-def _run(src: Path, cache: Path, flag: bool, names: list[str]) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
+def _run(src: Path, cache: Path, flag: bool, names: list[str], store: Path | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE") and not k.startswith("STABLEGUARDS_STORE")}
     env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED="random")
+    if store is not None:
+        env["STABLEGUARDS_STORE"] = str(store)
     proc = subprocess.run([sys.executable, str(CHILD), str(src), "1" if flag else "0", *names], env=env,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -61,6 +68,17 @@ def _campaign(root: Path, batch: list[Case], flag: bool) -> tuple[dict, dict]:
     cold = _run(root / "src", root / "cache", flag, names)
     _write(root / "src", batch, warm=True)
     warm = _run(root / "src", root / "cache", flag, names)
+    return cold, warm
+
+
+def _two_machines(root: Path, batch: list[Case]) -> tuple[dict, dict]:
+    """The cold run on one machine, the warm one on another: each its own empty cache dir,
+    both naming one shared store (STABLEGUARDS_STORE), flag on."""
+    names = [case.name for case in batch]
+    _write(root / "src", batch, warm=False)
+    cold = _run(root / "src", root / "machine-a", True, names, store=root / "store")
+    _write(root / "src", batch, warm=True)
+    warm = _run(root / "src", root / "machine-b", True, names, store=root / "store")
     return cold, warm
 
 
@@ -117,3 +135,26 @@ def test_a_warm_process_is_never_served_stale_code(batch_index, tmp_path_factory
                 assert warm["frames"] == 0, (case.name, report)  # unchanged programs start warm
         elif case.change_kind() not in UNOBSERVABLE:
             assert warm["eager"] != cold["eager"], (case, report)  # the change shows
+
+
+@pytest.mark.parametrize("batch_index", range(BATCHES))
+def test_a_process_on_another_machine_is_never_served_stale_code(batch_index, tmp_path_factory):
+    if not _warm_start_available():
+        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
+    seed = 1 if BATCHES == 1 else random.randrange(2**32)  # other cases than the one-machine campaign's
+    batch = _draw(CASES, seed)
+    root = tmp_path_factory.mktemp("machines")
+    cold, warm = _two_machines(root, batch)
+    print(f"seed {seed}: {batch}")
+    for c in batch:
+        print(f"{c.name}: {c.change_kind()} in {[f.kind for f in c.features]} under {c.ambient}: "
+              f"{cold['cases'][c.name]} | {warm['cases'][c.name]}")
+    print(warm["explain"])
+    report = "see the captured output"
+    for label, run in (("cold", cold), ("warm", warm)):
+        wrong = [name for name, result in run["cases"].items() if not result["matches"]]
+        assert not wrong, (label, wrong, report)
+    for case in batch:
+        if case.changed is None and case.ambient not in LEFT_OUT:
+            assert warm["cases"][case.name]["frames"] == 0, (case.name, report)  # found in the store
+    assert not (root / "machine-b" / "stableguards" / "store").exists()  # nothing came from the local dir

@@ -13,7 +13,9 @@ from typing import Any
 from stableguards.codes import frame_label
 from stableguards.hooks.core import Hook, cache_subdir
 from stableguards.keys import messages
-from stableguards.keys.ledger import KeyLedger, KeyRecord, differences, nearest
+from stableguards.keys.ledger import KeyLedger, KeyRecord, SharedKeyLedger, differences, nearest
+from stableguards.store import STORE_ENV, Unavailable, open_store
+from stableguards.store.hooks import holds_fx_graph
 
 
 def _compiled_fx_graph_hash(call: Any, *args: Any, **kwargs: Any) -> Any:
@@ -24,14 +26,26 @@ def _compiled_fx_graph_hash(call: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def _explain_fx_key(key: str, debug_lines: list[str]) -> None:
-    """On a local miss, diff the key against the closest one recorded; then record it."""
+    """On a miss (local, and in the shared store if one serves), diff the key against the
+    closest one recorded; then record it."""
     from torch._inductor.codecache import FxGraphCache
 
-    ledger = KeyLedger(cache_subdir("fxkeys"))
     record = KeyRecord.from_debug_lines(key, debug_lines)
-    if not os.path.exists(FxGraphCache._get_tmp_dir_for_key(key)):
+    if os.environ.get(STORE_ENV):
+        try:
+            ledger: KeyLedger | SharedKeyLedger = SharedKeyLedger(open_store(None).engine)
+            missed = not os.path.exists(FxGraphCache._get_tmp_dir_for_key(key)) and not holds_fx_graph(key)
+            _explain(record, ledger, missed)
+        except Unavailable:
+            pass  # an unreachable store is warned about where artifacts are read; this only explains
+        return
+    _explain(record, KeyLedger(cache_subdir("fxkeys")), not os.path.exists(FxGraphCache._get_tmp_dir_for_key(key)))
+
+
+def _explain(record: KeyRecord, ledger: KeyLedger | SharedKeyLedger, missed: bool) -> None:
+    if missed:
         closest = nearest(record, ledger.recent())
-        messages.fx_cache_miss(key, closest.key if closest else None,
+        messages.fx_cache_miss(record.key, closest.key if closest else None,
                                differences(record, closest) if closest else [])
     ledger.record(record)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from stableguards.components import Components
 from stableguards.files import atomic_write
+from stableguards.store.engines import Engine
 
 _LINE = re.compile(r"\[(?P<hash>[^\]]+)\] (?P<name>[^:]+): (?P<value>.*)", re.DOTALL)
 # Enough of a value to show what differs; the graph's code can be long.
@@ -151,3 +152,51 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
+
+
+class SharedKeyLedger:
+    """The ledger in a shared store (``STABLEGUARDS_STORE``), so a process on another machine can
+    explain its miss against keys recorded anywhere: each record under ``fx_keys/<key>``, and a list
+    of the most recent keys, newest first, under ``fx_keys/recent``.
+
+    Plain JSON through the engine, not content-addressed or signed entries: a ledger only
+    explains and is never unpickled.  Two processes recording at once may each drop the other's
+    key from the list (read, then write): a later miss then explains against fewer keys.
+    """
+
+    RECENT = "fx_keys/recent"
+
+    def __init__(self, engine: Engine, capacity: int = _MAX_CANDIDATES) -> None:
+        self.engine = engine
+        self.capacity = capacity
+
+    def record(self, record: KeyRecord) -> None:
+        recent = self._recent_keys()
+        if recent[:1] == [record.key]:
+            return
+        if record.key not in recent:
+            self.engine.put(f"fx_keys/{record.key}", json.dumps(record.as_json()).encode())
+        recent = [record.key] + [k for k in recent if k != record.key]
+        self.engine.put(self.RECENT, json.dumps(recent[: self.capacity]).encode())
+
+    def recent(self, limit: int = _MAX_CANDIDATES) -> list[KeyRecord]:
+        records = []
+        for key in self._recent_keys()[:limit]:
+            try:
+                raw = self.engine.get(f"fx_keys/{key}")
+                if raw is not None:
+                    records.append(KeyRecord.from_json(json.loads(raw)))
+            except (ValueError, KeyError, TypeError, IndexError):
+                continue
+        return records
+
+    def _recent_keys(self) -> list[str]:
+        try:
+            keys = json.loads(self.engine.get(self.RECENT) or b"[]")
+        except ValueError:
+            return []
+        return [k for k in keys if isinstance(k, str) and _KEY.fullmatch(k)] if isinstance(keys, list) else []
+
+
+# A key as inductor makes them (a name in the store: nothing that climbs out of its folder).
+_KEY = re.compile(r"[A-Za-z0-9_]{1,128}")

@@ -51,6 +51,8 @@ from stableguards.components import Components
 from stableguards.events import EVENTS
 from stableguards.hooks.core import Hook, cache_subdir, registered_name
 from stableguards.store import ContentStore, open_store
+from stableguards.store import messages as store_messages
+from stableguards.store.hooks import cpu_isa
 from stableguards.store.content import lease_seconds
 from stableguards.warm_start import messages, variants
 from stableguards.warm_start.hooks import bundling, guards, loaded, proofs
@@ -207,8 +209,7 @@ def _load(key: Components, code: Any) -> Any:
             return None
         return _read_entry(data)
     except Exception as error:  # noqa: BLE001 - a corrupt, foreign, unsigned entry or an unreachable store
-        EVENTS.warn_once("warm start load", f"stableguards: a saved compiled entry could not be read from "
-                                           f"{store.describe()} ({error!s:.200}); compiling as usual")
+        store_messages.warn_unreadable("a saved compiled entry", store.describe(), error)
         messages.not_used(frame_label(code), f"unreadable: {error!s:.200}")
         return None
 
@@ -328,7 +329,8 @@ def _key_for(ours: Ours, target: Any) -> Components:
 
     key = entry_key(torch_key=CompilePackage.source_id_from_fn(target), fn=target, backend=ours.backend,
                     options={"dynamic": ours.dynamic}, configs=_configs())
-    return Components((("format", _ENTRY_FORMAT), *key.items))
+    # The entry holds inductor's C++ source, written for this machine's vector ISA (cpu_isa).
+    return Components((("format", _ENTRY_FORMAT), *key.items, ("cpu_isa", cpu_isa())))
 
 
 def _configs() -> dict[str, dict[str, Any]]:
@@ -462,9 +464,7 @@ def _save(package: Any, ours: Ours, frame: str) -> None:
         store.publish(_NAMESPACE, name, data)
     except Exception as error:  # noqa: BLE001 - an entry torch cannot pickle, or an unreachable store
         if not isinstance(error, RuntimeError):
-            EVENTS.warn_once("warm start save", f"stableguards: a compiled entry could not be saved to "
-                                               f"{_entries().describe()} ({error!s:.200}); it is compiled "
-                                               f"again after a restart")
+            store_messages.warn_unwritable("a compiled entry", _entries().describe(), error)
         messages.left_out(frame, f"not saved ({error!s:.200})")
         _release_lease(ours.key.digest)
         return

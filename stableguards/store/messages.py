@@ -1,0 +1,39 @@
+"""What the shared store tells the event log about torch's artifacts it holds."""
+
+from __future__ import annotations
+
+from stableguards.events import EVENTS
+
+_WHAT = {"fx_graph": "an inductor graph", "aot_autograd": "an AOTAutograd entry"}
+
+
+def read(namespace: str) -> None:
+    """torch found one of its artifacts in the store (another process, maybe another machine, made it)."""
+    EVENTS.count(f"store_{namespace}_read")
+
+
+def written(namespace: str) -> None:
+    EVENTS.count(f"store_{namespace}_written")
+
+
+def unreadable(namespace: str, store: str, error: Exception) -> None:
+    """A corrupt, truncated, foreign or unsigned artifact, or an unreachable store: compiled as on a miss."""
+    EVENTS.count("store_unreadable")
+    EVENTS.note(f"store: {_WHAT[namespace]} in {store} could not be read ({error!s:.200}); compiled as usual")
+    warn_unreadable(_WHAT[namespace], store, error)
+
+
+def unwritable(namespace: str, store: str, error: Exception) -> None:
+    warn_unwritable(_WHAT[namespace], store, error)
+
+
+# One warning per process for the store, whatever failed first (a wrong key or an unreachable
+# Redis fails every read alike); explain() names each entry.
+def warn_unreadable(what: str, store: str, error: Exception) -> None:
+    EVENTS.warn_once("store read", f"stableguards: {what} could not be read from {store} ({error!s:.200}); "
+                                   f"compiling as usual")
+
+
+def warn_unwritable(what: str, store: str, error: Exception) -> None:
+    EVENTS.warn_once("store write", f"stableguards: {what} could not be saved to {store} ({error!s:.200}); "
+                                    f"it is compiled again after a restart")

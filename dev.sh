@@ -4,7 +4,8 @@
 #
 #   ./dev.sh demo    the cross-restart demo: the restart A/B table (and its PNG in bench/out/),
 #                    then warm start cold vs warm, flag off vs on
-#   ./dev.sh test    the test suite (arguments after it go to pytest)
+#   ./dev.sh test    the test suite, two files at a time (arguments after it go to pytest;
+#                    -n 0 runs it in one process)
 #   ./dev.sh bench   the micro-benchmarks (allocator, import time, profile I/O, backends, key ledger,
 #                    optimizer steps, warm start, real models, a fleet of ranks; cudagraph checks on a
 #                    CUDA machine)
@@ -47,7 +48,9 @@ case "$COMMAND" in
     test)
         setup test
         echo "torch $("$PY" -c 'import torch; print(torch.__version__)')"
-        "$PY" -m pytest "$@"
+        # Two workers, each file on one (its fixtures and its fresh processes kept together):
+        # most tests wait on compiles in child processes, so two at a time on two cores.
+        "$PY" -m pytest -n 2 --dist loadfile "$@"
         ;;
     bench)
         setup test,bench

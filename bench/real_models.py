@@ -13,8 +13,13 @@ process, then a warm one on the same new cache dir.  Columns:
 
     python bench/real_models.py                          # every workload
     python bench/real_models.py --workloads gpt2 custom_train
+    python bench/real_models.py --new-machine            # warm on another machine, one shared store
 
-Writes bench/out/real_models.json.
+With ``--new-machine`` the warm process has an empty cache dir of its own and both name one
+shared store (``STABLEGUARDS_STORE``, a directory): flag off (torch alone: nothing is shared), on
+with warm start left to torch (torch's caches served by the store), and on.
+
+Writes bench/out/real_models.json (real_models_new_machine.json).
 """
 
 from __future__ import annotations
@@ -31,15 +36,21 @@ from columns import aligned
 
 HERE = Path(__file__).resolve().parent
 WORKLOADS = ("gpt2", "llama", "llama_generate", "bert_kwargs", "gpt2_train", "custom_train")
-CONFIGS = {"off": ("0", None), "off+job": ("0", "bench"), "on": ("1", None)}
+# config: (flag, job id, extra environment)
+CONFIGS = {"off": ("0", None, {}), "off+job": ("0", "bench", {}), "on": ("1", None, {})}
+NEW_MACHINE_CONFIGS = {"off": ("0", None, {}), "on, no warm start": ("1", None, {"STABLEGUARDS_DISABLE": "warm_start"}),
+                       "on": ("1", None, {})}
 
 
-def run_child(workload: str, cache_dir: str, config: str) -> dict:
-    flag, job_id = CONFIGS[config]
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
-    env.update(TORCHINDUCTOR_CACHE_DIR=cache_dir, TORCHDYNAMO_STABLE_GUARDS=flag, PYTHONHASHSEED="random")
+def run_child(workload: str, cache_dir: str, config: tuple, store: str | None = None) -> dict:
+    flag, job_id, extra = config
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE") and not k.startswith("STABLEGUARDS_STORE")}
+    env.update(TORCHINDUCTOR_CACHE_DIR=cache_dir, TORCHDYNAMO_STABLE_GUARDS=flag, PYTHONHASHSEED="random", **extra)
     if job_id:
         env["TORCH_COMPILE_JOB_ID"] = job_id
+    if store:
+        env["STABLEGUARDS_STORE"] = store
     proc = subprocess.run([sys.executable, str(HERE / "_real_model_child.py"), workload], env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0:
@@ -47,10 +58,15 @@ def run_child(workload: str, cache_dir: str, config: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def measure(workload: str, config: str) -> dict:
-    with tempfile.TemporaryDirectory(prefix="sg-real-") as cache_dir:
-        cold = run_child(workload, cache_dir, config)
-        warm = run_child(workload, cache_dir, config)
+def measure(workload: str, config: str, new_machine: bool = False) -> dict:
+    with tempfile.TemporaryDirectory(prefix="sg-real-") as root:
+        if new_machine:  # two cache dirs, one store
+            settings, store = NEW_MACHINE_CONFIGS[config], os.path.join(root, "store")
+            cold = run_child(workload, os.path.join(root, "machine-a"), settings, store)
+            warm = run_child(workload, os.path.join(root, "machine-b"), settings, store)
+        else:
+            cold = run_child(workload, root, CONFIGS[config])
+            warm = run_child(workload, root, CONFIGS[config])
     return {"workload": workload, "config": config, "cold": cold, "warm": warm}
 
 
@@ -74,23 +90,28 @@ def format_table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--new-machine", action="store_true",
+                        help="warm in an empty cache dir of its own; cold and warm share one store")
     parser.add_argument("--out", type=Path, default=HERE / "out")
     args = parser.parse_args(argv)
     import torch
     import transformers
 
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, inductor on CPU; "
-          f"warm = a fresh process on the cold one's cache dir", flush=True)
+    where = ("a fresh process with an empty cache dir, sharing the cold one's store" if args.new_machine
+             else "a fresh process on the cold one's cache dir")
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, inductor on CPU; warm = {where}",
+          flush=True)
     rows = []
     for workload in args.workloads:
-        for config in CONFIGS:
-            rows.append(measure(workload, config))
+        for config in NEW_MACHINE_CONFIGS if args.new_machine else CONFIGS:
+            rows.append(measure(workload, config, args.new_machine))
             print(format_table(rows[-1:]).splitlines()[-1], flush=True)
     print()
     print(format_table(rows))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "real_models.json").write_text(json.dumps(rows, indent=2))
-    print(f"rows: {args.out / 'real_models.json'}")
+    out = args.out / ("real_models_new_machine.json" if args.new_machine else "real_models.json")
+    out.write_text(json.dumps(rows, indent=2))
+    print(f"rows: {out}")
     return 0
 
 

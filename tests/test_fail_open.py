@@ -10,10 +10,12 @@ import gc
 import importlib
 import itertools
 import logging
+import os
 import random
 import threading
 import weakref
 from collections import OrderedDict
+from pathlib import Path
 
 import pytest
 import torch
@@ -188,8 +190,36 @@ def autograd_cache_calls() -> None:
         torch.testing.assert_close(x.grad, expected)
 
 
+def _inductor_unsaved(gm, example_inputs):
+    """inductor under another name: a backend warm start does not save, so that AOTAutograd's
+    entries are not bundled and load their graphs through inductor's cache."""
+    from torch._inductor.compile_fx import compile_fx
+
+    return compile_fx(gm, example_inputs)
+
+
+def store_calls() -> None:
+    """With a shared store named, a training step compiled twice: the second time from
+    AOTAutograd's cache, whose entry loads its graphs through inductor's."""
+    from unittest import mock
+
+    model = torch.nn.Linear(4, 2)
+    x = torch.randn(3, 4, requires_grad=True)
+    store = str(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) / "store")
+    with mock.patch.dict("os.environ", {"STABLEGUARDS_STORE": store}):
+        for _ in range(2):
+            torch._dynamo.reset()
+            torch.compile(lambda t: model(t).sum(), backend=_inductor_unsaved)(x).backward()
+            expected, x.grad = x.grad, None
+            model(x).sum().backward()
+            torch.testing.assert_close(x.grad, expected)
+            x.grad = None
+
+
 def workload_for(hook) -> None:
-    if hook.part == "autograd_cache":
+    if hook.part == "store":
+        store_calls()
+    elif hook.part == "autograd_cache":
         autograd_cache_calls()
     elif hook.target == "_AutogradBackwardCompiler.get_or_compile":
         warm_start_training()

@@ -33,6 +33,9 @@ class WarmStart:
         # Whether inductor is loading a graph for one of our entries (hooks._load_compiled_graph).
         self.loading_compiled: contextvars.ContextVar[bool] = contextvars.ContextVar(
             "stableguards_warm_loading_compiled", default=False)
+        # The binary of the C++ kernel inductor is loading for such a graph (hooks._kernel_source).
+        self.kernel_binary: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+            "stableguards_warm_kernel_binary", default=None)
         # by_code(code) -> (key digest, weak package) of the entries installed on it.
         self.installed: dict[tuple[int, Any], tuple[str, weakref.ref]] = {}
         # by_code(code) -> the keys of every compiled context made for it ("other": no key).

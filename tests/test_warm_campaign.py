@@ -60,25 +60,17 @@ def _run(src: Path, cache: Path, flag: bool, names: list[str], store: Path | Non
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _campaign(root: Path, batch: list[Case], flag: bool) -> tuple[dict, dict]:
-    """The cold run, then the warm one on the same cache dir, the sources rewritten in place
-    between them (as a restarted job finds its files)."""
+def _campaign(root: Path, batch: list[Case], flag: bool, two_machines: bool = False) -> tuple[dict, dict]:
+    """The cold run, then the warm one, the sources rewritten in place between them (as a
+    restarted job finds its files): on the same cache dir, or with ``two_machines`` each with
+    an empty cache dir of its own, both naming one shared store (STABLEGUARDS_STORE)."""
     names = [case.name for case in batch]
+    caches = (root / "machine-a", root / "machine-b") if two_machines else (root / "cache", root / "cache")
+    store = root / "store" if two_machines else None
     _write(root / "src", batch, warm=False)
-    cold = _run(root / "src", root / "cache", flag, names)
+    cold = _run(root / "src", caches[0], flag, names, store)
     _write(root / "src", batch, warm=True)
-    warm = _run(root / "src", root / "cache", flag, names)
-    return cold, warm
-
-
-def _two_machines(root: Path, batch: list[Case]) -> tuple[dict, dict]:
-    """The cold run on one machine, the warm one on another: each its own empty cache dir,
-    both naming one shared store (STABLEGUARDS_STORE), flag on."""
-    names = [case.name for case in batch]
-    _write(root / "src", batch, warm=False)
-    cold = _run(root / "src", root / "machine-a", True, names, store=root / "store")
-    _write(root / "src", batch, warm=True)
-    warm = _run(root / "src", root / "machine-b", True, names, store=root / "store")
+    warm = _run(root / "src", caches[1], flag, names, store)
     return cold, warm
 
 
@@ -144,7 +136,7 @@ def test_a_process_on_another_machine_is_never_served_stale_code(batch_index, tm
     seed = 1 if BATCHES == 1 else random.randrange(2**32)  # other cases than the one-machine campaign's
     batch = _draw(CASES, seed)
     root = tmp_path_factory.mktemp("machines")
-    cold, warm = _two_machines(root, batch)
+    cold, warm = _campaign(root, batch, flag=True, two_machines=True)
     print(f"seed {seed}: {batch}")
     for c in batch:
         print(f"{c.name}: {c.change_kind()} in {[f.kind for f in c.features]} under {c.ambient}: "

@@ -31,15 +31,14 @@ def _explain_fx_key(key: str, debug_lines: list[str]) -> None:
     from torch._inductor.codecache import FxGraphCache
 
     record = KeyRecord.from_debug_lines(key, debug_lines)
-    if os.environ.get(STORE_ENV):
-        try:
-            ledger: KeyLedger | SharedKeyLedger = SharedKeyLedger(open_store(None).engine)
-            missed = not os.path.exists(FxGraphCache._get_tmp_dir_for_key(key)) and not holds_fx_graph(key)
-            _explain(record, ledger, missed)
-        except Unavailable:
-            pass  # an unreachable store is warned about where artifacts are read; this only explains
+    local_miss = not os.path.exists(FxGraphCache._get_tmp_dir_for_key(key))
+    if not os.environ.get(STORE_ENV):
+        _explain(record, KeyLedger(cache_subdir("fxkeys")), local_miss)
         return
-    _explain(record, KeyLedger(cache_subdir("fxkeys")), not os.path.exists(FxGraphCache._get_tmp_dir_for_key(key)))
+    try:
+        _explain(record, SharedKeyLedger(open_store(None).engine), local_miss and not holds_fx_graph(key))
+    except Unavailable:
+        pass  # an unreachable store is warned about where artifacts are read; this only explains
 
 
 def _explain(record: KeyRecord, ledger: KeyLedger | SharedKeyLedger, missed: bool) -> None:

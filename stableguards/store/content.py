@@ -111,6 +111,10 @@ class ContentStore:
                            f"{actual[:12]}, expected {ref.digest[:12]})")
         return data
 
+    def has(self, namespace: str, name: str) -> bool:
+        """Whether the entry has a record (whether it verifies is found when it is fetched)."""
+        return self.engine.get(f"refs/{namespace}/{name}") is not None
+
     # Leases: while one process makes the entry ``namespace/name``, others wait for it.
 
     def claim(self, namespace: str, name: str, ttl_s: float) -> bool:

@@ -98,7 +98,7 @@ def _store_cache(namespace: str) -> Any:
 def holds_fx_graph(key: str) -> bool:
     """Whether the store serves inductor's graphs and has one under ``key`` (its record only:
     whether it verifies is found when torch reads it).  Raises Unavailable."""
-    return _serves(FX_GRAPHS) and open_store(None).engine.get(f"refs/{FX_GRAPHS}/{_name(key)}") is not None
+    return _serves(FX_GRAPHS) and open_store(None).has(FX_GRAPHS, _name(key))
 
 
 def _name(key: str) -> str:

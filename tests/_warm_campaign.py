@@ -8,9 +8,12 @@ module's constant or function, a method patched on a class, a builtin
 shadowed, a torch function rebound, a class attribute, a closure cell or a
 mutable object a closure holds, a default, a dataclass or dict config, an
 environment variable a branch reads, an ``assume_constant_result`` function's
-input, a module hook of any kind or a global one, saved-tensor hooks, grad,
-inference or autocast mode, the default dtype, a Dynamo or inductor setting,
-or nothing at all.  ``sources`` writes the case's modules for either process.
+input, a module hook of any kind or a global one, what a checkpointing policy
+saves (a policy Dynamo never traces, reached through a global function, a
+closure or a ``functools.partial``), saved-tensor hooks, grad, inference or
+autocast mode, the default dtype, a Dynamo or inductor setting, or nothing at
+all.  A graph break followed by a view leaves a graph with nothing to compute.
+``sources`` writes the case's modules for either process.
 
 Hypothesis draws cases (``cases()``); tests/test_warm_campaign.py runs them.
 """
@@ -56,7 +59,7 @@ class Case:
 FEATURES = ("module_global", "helper_constant", "helper_attribute", "function_rebound", "helper_function_rebound",
             "method_patched", "builtin_shadowed", "torch_function_rebound", "class_attribute", "closure_cell",
             "mutable_closure", "default_arg", "dataclass_config", "dict_config", "env_branch", "constant_function",
-            "module_hook", "global_module_hook")
+            "module_hook", "global_module_hook", "checkpoint_policy", "break_then_view")
 # Ambient settings and what the changed process runs under instead.
 AMBIENTS = {
     "none": "no_grad", "no_grad": "none", "inference_mode": "none", "autocast": "none", "float64": "none",
@@ -66,9 +69,13 @@ AMBIENTS = {
 }
 # Changes that need not show in the eager outputs: a setting that only changes how it compiles,
 # modes that change no value, saved-tensor hooks that are other code with the same results.
-UNOBSERVABLE = {"ambient:dynamo_setting", "ambient:inductor_setting", "ambient:no_grad", "ambient:none",
+UNOBSERVABLE = {"checkpoint_policy",
+                "ambient:dynamo_setting", "ambient:inductor_setting", "ambient:no_grad", "ambient:none",
                 "ambient:inference_mode", "ambient:float64", "ambient:autocast", "ambient:saved_tensor_hooks",
                 "ambient:inlined_saved_tensor_hooks"}
+# Changes a warm process must compile again for, though they change no value: serving the old
+# graph would keep the old policy's memory behaviour.
+MUST_COMPILE = {"checkpoint_policy"}
 
 
 @st.composite
@@ -89,6 +96,9 @@ def cases(draw: st.DrawFn) -> Case:
     train = draw(st.booleans()) and ambient not in ("no_grad", "inference_mode")
     if ambient.endswith("saved_tensor_hooks"):
         train = True  # the hooks act on a backward
+    if not train or ambient.endswith("saved_tensor_hooks"):  # a policy acts on a backward, without hooks
+        feats = tuple(f for f in feats if f.kind != "checkpoint_policy") \
+            or (Feature("module_global", 2.0, 3.0, "sin", "cos"),)
     changed = draw(st.one_of(st.none(), st.sampled_from(range(len(feats) + 1))))  # half unchanged
     return Case("case", module, train, feats, ambient, changed)
 
@@ -217,6 +227,28 @@ def _feature(p: _Program, case: Case, i: int, f: Feature, changed: bool) -> None
         p.main.append(f"def hook{i}(m, inputs, out):\n    return out * {a}")
         hook = kinds[f.variant].format(s=b) if changed else f"register_forward_hook(hook{i})"
         p.build.append(f"net.lin.{hook}")
+    elif kind == "checkpoint_policy":  # which op the policy saves; its context_fn by variant
+        saved = f"torch.ops.aten.{op_b if changed else op_a}.default"
+        p.main.append("import functools\nfrom torch.utils.checkpoint import CheckpointPolicy, "
+                      "create_selective_checkpoint_contexts")
+        choose = "CheckpointPolicy.MUST_SAVE if op == {} else CheckpointPolicy.PREFER_RECOMPUTE"
+        if f.variant == 1:  # a closure over the op
+            p.main.append(f"def make_ctx{i}(saved):\n"
+                          f"    def policy(ctx, op, *args, **kwargs):\n        return {choose.format('saved')}\n"
+                          f"    def ctx():\n        return create_selective_checkpoint_contexts(policy)\n"
+                          f"    return ctx\n"
+                          f"CTX{i} = make_ctx{i}({saved})")
+        else:  # a global policy reading a global, through a global function or a partial
+            p.main.append(f"SAVED{i} = {saved}\n"
+                          f"def policy{i}(ctx, op, *args, **kwargs):\n    return {choose.format(f'SAVED{i}')}\n"
+                          f"def ctx_of{i}(policy):\n    return create_selective_checkpoint_contexts(policy)\n"
+                          + (f"CTX{i} = functools.partial(ctx_of{i}, policy{i})" if f.variant == 2 else
+                             f"def CTX{i}():\n    return ctx_of{i}(policy{i})"))
+        p.main.append(f"def ck{i}(t):\n    return t.{op_a}().{op_b}() * {a}")
+        p.steps.append(f"y = torch.utils.checkpoint.checkpoint(ck{i}, y, use_reentrant=False, context_fn=CTX{i})")
+    elif kind == "break_then_view":  # the resumed graph may compute nothing: a view of its input
+        p.main.append(f"K{i} = {b if changed else a}")
+        p.steps += [f"y = y * K{i}", "torch._dynamo.graph_break()", "y = y.view_as(y)"]
     elif kind == "global_module_hook":
         if changed:
             p.main.append(f"def ghook{i}(m, inputs, out):\n"

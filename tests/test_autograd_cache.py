@@ -82,20 +82,29 @@ def test_a_bypass_that_remains_is_named_with_its_fix(runs):
     assert "give the context_fn a `cache_hash`" in result["explain"]
 
 
-def test_warm_start_never_serves_a_graph_whose_policy_it_cannot_check(runs, tmp_path):
-    """A checkpointing policy runs without Dynamo tracing it, so Dynamo's guards never look at
-    what it reads: such a compile is left out of warm start (named), and a restart whose policy
-    differs compiles again instead of being served the old graph."""
+def test_warm_start_checks_what_a_checkpointing_policy_reads(tmp_path):
+    """A checkpointing policy runs without Dynamo tracing or guarding it: the saved entry
+    checks what the context_fn at its source runs and reads (the policy, and the global the
+    policy reads), so a restart with the same policy starts warm and one whose policy reads
+    another value compiles again instead of being served the old graph.  A policy that closes
+    over an object with no identity stays bypassed, and its frame has no entry."""
+    import torch._dynamo  # noqa: F401 - installs the hooks
+
     from stableguards.hooks import STATE
 
     if "warm_start" not in STATE.installed:
         pytest.skip("warm start needs torch 2.15")
-    cold = _run(tmp_path, True, "a", ["checkpoint"], warm_start=True)["checkpoint"]
-    assert "is left out of its saved entry: it runs checkpoint context_fn" in cold["explain"], cold["explain"]
-    warm = _run(tmp_path, True, "a", ["checkpoint"], warm_start=True)["checkpoint"]
-    changed = _run(tmp_path, True, "b", ["checkpoint"], warm_start=True)["checkpoint"]
-    assert warm["ok"] and warm["hits"] == 1, warm["explain"]
-    assert changed["ok"] and changed["misses"] == 1, changed["explain"]
+    cases = ["checkpoint", "checkpoint_opaque"]
+    cold = _run(tmp_path, True, "a", cases, warm_start=True)
+    warm = _run(tmp_path, True, "a", cases, warm_start=True)
+    changed = _run(tmp_path, True, "b", cases, warm_start=True)
+    assert "left out" not in cold["checkpoint"]["explain"], cold["checkpoint"]["explain"]
+    assert warm["checkpoint"]["ok"] and "installed its saved compiled entry" in warm["checkpoint"]["explain"]
+    assert warm["checkpoint"]["misses"] == warm["checkpoint"]["hits"] == 0, warm["checkpoint"]["explain"]
+    assert changed["checkpoint"]["ok"] and changed["checkpoint"]["misses"] == 1, changed["checkpoint"]["explain"]
+    assert "UNTRACED_READS on L['context_fn']" in changed["checkpoint"]["explain"], changed["checkpoint"]["explain"]
+    opaque = warm["checkpoint_opaque"]  # bypassed (compiled again), never served: no graphs to save
+    assert opaque["ok"] and opaque["bypasses"] == 1, opaque
 
 
 def _rebuilt_hooks(dtype):

@@ -219,7 +219,7 @@ def store_calls() -> None:
 def workload_for(hook) -> None:
     if hook.part == "store":
         store_calls()
-    elif hook.part == "autograd_cache":
+    elif hook.part == "autograd_cache" or hook.target == "CheckpointHigherOrderVariable._call_function":
         autograd_cache_calls()
     elif hook.target == "_AutogradBackwardCompiler.get_or_compile":
         warm_start_training()

@@ -48,9 +48,9 @@ def test_edge_graphs_compile_with_the_flag_as_without_it_cold_and_warm(tmp_path)
 def test_a_compile_that_fails_with_stableguards_in_the_way_is_compiled_again_without(tmp_path, monkeypatch,
                                                                                       caplog):
     """Bundling a graph that inductor hands back uncompiled fails torch's compile (2.15:
-    "expected OutputCode"); warm start leaves such a graph out.  With that check defeated,
-    the compile fails with our machinery in the way, and is compiled again without it:
-    the call succeeds, equals eager, and one warning names the compile."""
+    "expected OutputCode"); warm start bundles the graph module itself instead.  With that
+    defeated, the compile fails with our machinery in the way, and is compiled again without
+    it: the call succeeds, equals eager, and one warning names the compile."""
     import logging
 
     import torch
@@ -58,12 +58,13 @@ def test_a_compile_that_fails_with_stableguards_in_the_way_is_compiled_again_wit
 
     from stableguards.events import EVENTS
     from stableguards.hooks import STATE
-    from stableguards.warm_start.hooks import bundling
+    from stableguards.warm_start.hooks import bundling, no_compute
 
     if "warm_start" not in STATE.installed:
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(bundling, "_is_output_code", lambda fn: True)
+    monkeypatch.setattr(bundling, "_bundleable", lambda fn: True)
+    monkeypatch.setattr(no_compute, "graph_without_calls", lambda fn: None)
     x = torch.randn(8, requires_grad=True)
     torch._dynamo.reset()
     with torch._dynamo.config.patch(stable_guards=True), caplog.at_level(logging.WARNING, "stableguards"):

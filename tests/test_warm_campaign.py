@@ -8,7 +8,9 @@ each compiled case is compared with eager on the same inputs, gradients
 included.  Checked: every result equals eager; each change shows (the eager
 results differ between the two processes, for changes that are meant to);
 and with the flag on, unchanged cases start warm (no frame traced), except
-under inlineable saved-tensor hooks, whose entries are left out.
+under inlineable saved-tensor hooks, whose entries are left out, and a case
+whose change shows in no value but in what it compiles (a checkpointing
+policy) is compiled again.
 
 The same campaign also runs across two machines: cold and warm each with an empty cache
 dir of its own, sharing one store (other cases, flag on; the changes were shown to bite
@@ -31,7 +33,7 @@ from pathlib import Path
 
 import hypothesis
 import pytest
-from _warm_campaign import UNOBSERVABLE, Case, cases, sources
+from _warm_campaign import MUST_COMPILE, UNOBSERVABLE, Case, Feature, cases, sources
 from hypothesis import HealthCheck, Phase, given, settings
 
 CHILD = Path(__file__).resolve().parent / "_warm_campaign_child.py"
@@ -127,6 +129,8 @@ def test_a_warm_process_is_never_served_stale_code(batch_index, tmp_path_factory
                 assert warm["frames"] == 0, (case.name, report)  # unchanged programs start warm
         elif case.change_kind() not in UNOBSERVABLE:
             assert warm["eager"] != cold["eager"], (case, report)  # the change shows
+        if case.change_kind() in MUST_COMPILE:
+            assert warm["frames"] > 0, (case.name, report)  # not served the old graph
 
 
 @pytest.mark.parametrize("batch_index", range(BATCHES))
@@ -149,4 +153,30 @@ def test_a_process_on_another_machine_is_never_served_stale_code(batch_index, tm
     for case in batch:
         if case.changed is None and case.ambient not in LEFT_OUT:
             assert warm["cases"][case.name]["frames"] == 0, (case.name, report)  # found in the store
+        if case.change_kind() in MUST_COMPILE:
+            assert warm["cases"][case.name]["frames"] > 0, (case.name, report)
     assert not (root / "machine-b" / "stableguards" / "store").exists()  # nothing came from the local dir
+
+
+def test_checkpointing_policies_and_graphs_with_nothing_to_compute(tmp_path):
+    """The grammar's newest features, every variant, unchanged and changed (a drawn batch may
+    hold none): a checkpointing policy reached through a global function, a closure and a
+    ``functools.partial`` starts warm unchanged and is compiled again when the op it saves
+    changes, which shows in no value; a graph break before a view (a resumed graph with
+    nothing to compute) starts warm, and its change shows."""
+    if not _warm_start_available():
+        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
+    batch = [Case("case", variant == 1, True, (Feature("checkpoint_policy", 2.0, 3.0, "sin", "cos", variant),),
+                  "none", changed) for variant in range(3) for changed in (None, 0)]
+    batch += [Case("case", False, train, (Feature("break_then_view", 1.5, 2.0, "sin", "cos"),), "none", changed)
+              for train in (False, True) for changed in (None, 0)]
+    batch = [dataclasses.replace(c, name=f"case{i}") for i, c in enumerate(batch)]
+    cold, warm = _campaign(tmp_path, batch, flag=True)
+    for case in batch:
+        before, after = cold["cases"][case.name], warm["cases"][case.name]
+        assert before["matches"] and after["matches"], (case, before, after)
+        if case.changed is None:
+            assert after["frames"] == 0, (case, warm["explain"])
+        else:
+            assert after["frames"] > 0, (case, warm["explain"])
+            assert (after["eager"] != before["eager"]) == (case.change_kind() not in UNOBSERVABLE), case

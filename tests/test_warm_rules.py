@@ -266,6 +266,24 @@ def test_an_environment_variable_is_a_fact_present_or_absent():
     assert facts.environment("X", {"X": "1"}) != facts.environment("X", {"X": "2"}) != facts.environment("X", {})
 
 
+POLICY_FACTOR = 2
+
+
+def _reads_factor(x):
+    return x * POLICY_FACTOR
+
+
+def test_a_function_run_untraced_is_a_fact_of_what_it_reads(monkeypatch):
+    from stableguards.autograd_cache.reads import reads_identity
+
+    before = facts.untraced_reads(_reads_factor, "G['policy']", reads_identity)
+    assert before == facts.untraced_reads(_reads_factor, "G['policy']", reads_identity)
+    monkeypatch.setattr(sys.modules[__name__], "POLICY_FACTOR", 3)  # a global it reads, not its code
+    assert facts.untraced_reads(_reads_factor, "G['policy']", reads_identity) != before
+    with pytest.raises(Unprovable):
+        facts.untraced_reads(lambda x, opaque=types.SimpleNamespace(): x, "G['policy']", reads_identity)
+
+
 # --- the proof ----------------------------------------------------------------------------
 
 def test_a_proof_round_trips_as_plain_tuples_and_is_checked():

@@ -447,6 +447,93 @@ def test_a_kernel_missing_from_the_cache_dir_is_built_again_on_load(tmp_path):
     assert warm["cases"]["kernel"] == {"matches": True, "frames": 0, "counting_calls": 0}, warm["explain"]
     assert all(kernel.exists() for kernel in kernels)
 
+NOTHING_TO_COMPUTE = textwrap.dedent("""
+    import json, sys, torch
+    sys.path.insert(0, sys.argv[1])
+    from _traced import TRACED
+    torch._dynamo.config.stable_guards = True
+    import stableguards
+
+    W = torch.nn.Parameter(torch.ones(8))
+
+    def infer(x):
+        y = (x * 2).sum()
+        torch._dynamo.graph_break()
+        return y.detach()  # a graph whose output is its input: inductor compiles nothing
+
+    def train(x):
+        loss = (x * W).sum()
+        loss.backward()
+        return loss.detach()
+
+    x = torch.randn(8)
+    ok = all(torch.allclose(torch.compile(fn)(x), fn(x)) for fn in (infer, train) for _ in range(2))
+    print(json.dumps({"ok": ok, "traced": [code.co_name for code in TRACED], "explain": stableguards.explain()}))
+""")
+
+
+def test_a_graph_with_nothing_to_compute_starts_warm(tmp_path):
+    """``return loss.detach()`` after a graph break: inductor returns the graph module as it
+    is, which torch cannot bundle; our entry holds the module itself, and a restart traces
+    nothing."""
+    if not _warm_start_available():
+        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", NOTHING_TO_COMPUTE, str(Path(__file__).parent)], env=env,
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["ok"] and "torch_dynamo_resume_in_infer_at_12" in cold["traced"], cold
+    assert warm["ok"] and warm["traced"] == [], warm["explain"]
+
+
+COMPILED_AUTOGRAD = textwrap.dedent("""
+    import copy, json, torch
+    torch._dynamo.config.stable_guards = True
+    torch._dynamo.config.compiled_autograd = True
+    import stableguards
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    twin = copy.deepcopy(model)
+
+    def step(m, x):
+        loss = m(x).pow(2).mean()
+        loss.backward()
+        return loss.detach()
+
+    compiled = torch.compile(step)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    ok = True
+    for _ in range(2):
+        ok &= torch.allclose(compiled(model, x), step(twin, x))
+        ok &= all(torch.allclose(p.grad, q.grad) for p, q in zip(model.parameters(), twin.parameters()))
+        model.zero_grad(set_to_none=True), twin.zero_grad(set_to_none=True)
+    print(json.dumps({"ok": bool(ok), "explain": stableguards.explain()}))
+""")
+
+
+def test_compiled_autograd_is_named_not_waited_for(tmp_path):
+    """Compiled autograd traces a training step's backward itself, so AOTAutograd never compiles
+    the backward graph the step's entry needs: the entry is named as left out (it used to wait
+    for it forever) and nothing fails open on the way."""
+    if not _warm_start_available():
+        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", COMPILED_AUTOGRAD], env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        run = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert run["ok"] and "fallbacks" not in run["explain"], run["explain"]
+        assert "compiled autograd is on: it traces the backward itself" in run["explain"], run["explain"]
+        assert "entry saved once all its graphs are compiled" not in run["explain"], run["explain"]
+
+
 CHUNKED = textwrap.dedent("""
     import json, sys, torch, torch._dynamo
     torch._dynamo.config.stable_guards = True

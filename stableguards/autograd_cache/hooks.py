@@ -25,6 +25,8 @@ thread):
   ``context_fn`` are hashed by ``reads_identity``, beside the hash the user
   gave (``user_cache_hash``, ``cache_hash``: torch's opt-in contract, which
   alone lets a changed body hit); with neither, the bypass stays;
+* a local function in the key (a ``context_fn`` made by a closure), which torch
+  cannot pickle, is pickled as its ``reads_identity``;
 * a bypass that remains is named in explain() with the user's fix;
 * Dynamo's guard on inlined saved-tensor hooks compares what they compute
   instead of their ``id()``.
@@ -56,7 +58,8 @@ class _Keying:
 
     identities: list[tuple[str, str]] = field(default_factory=list)  # (label, identity)
     operators: set[int] = field(default_factory=set)  # ids of autograd_function_apply operators accepted
-    unguarded: list[str] = field(default_factory=list)  # functions identified by what they read (labels)
+    # Functions identified by what they read, which run without Dynamo tracing them: (label, function).
+    unguarded: list[tuple[str, Any]] = field(default_factory=list)
 
 
 _KEYING: contextvars.ContextVar[_Keying | None] = contextvars.ContextVar("stableguards_keying", default=None)
@@ -77,22 +80,21 @@ def _autograd_cache_key(call: Any, *args: Any, **kwargs: Any) -> Any:
     if keying.identities:
         messages.identified(_frame(), sorted({label for label, _ in keying.identities}))
     if keying.unguarded:
-        _leave_out_of_warm_start(sorted(set(keying.unguarded)))
+        _tell_warm_start(keying.unguarded)
     return result
 
 
-def _leave_out_of_warm_start(labels: list[str]) -> None:
+def _tell_warm_start(unguarded: list[tuple[str, Any]]) -> None:
     """A graph that runs functions Dynamo did not trace (a checkpointing policy, an fx.wrap'd
-    function) is keyed here by what they read, but a warm-start entry would serve it on
-    Dynamo's guards alone, which never looked at them: such a compile is left out of warm
-    start (a restart traces it, and this key finds its graphs)."""
+    function) is keyed here by what they read; a warm-start entry of its frame serves on
+    Dynamo's guards, which never looked at them, so warm start must check what they read
+    itself (``warm_start.hooks.bundling.runs_untraced``), or leave the compile out."""
     from stableguards.warm_start.state import STATE as WARM
 
     if active("warm_start") and WARM.bundling.get():
-        from stableguards.warm_start.hooks.bundling import leave_out
+        from stableguards.warm_start.hooks.bundling import runs_untraced
 
-        leave_out(f"it runs {', '.join(labels)} without Dynamo guarding what they read; the AOTAutograd cache "
-                  f"key holds it instead")
+        runs_untraced(unguarded)
 
 
 def _check_node_safe(call: Any, node: Any) -> None:
@@ -124,7 +126,7 @@ def _node_identity(node: Any, keying: _Keying) -> tuple[str, str] | None:
     described = reads_identity(node.target)
     if described is None:
         return None
-    keying.unguarded.append(qualified(node.target))
+    keying.unguarded.append((qualified(node.target), node.target))
     return qualified(node.target), described
 
 
@@ -173,7 +175,7 @@ def _hash(given: str | None, fn: Any, label: str) -> str | None:
     changed body never hits under an unchanged hash.  None where neither exists."""
     keying = _KEYING.get()
     if keying is not None:
-        keying.unguarded.append(f"{label} {qualified(fn)}")
+        keying.unguarded.append((f"{label} {qualified(fn)}", fn))
     described = reads_identity(fn)
     if described is None:
         return given
@@ -196,6 +198,21 @@ def _wrapped_hashes(call: Any, gm: Any) -> list[str]:
                 return call(gm)  # torch's bypass
             hashes.append(found)
     return hashes
+
+
+def _reduce_local_function(call: Any, self: Any, obj: Any) -> Any:
+    """A local function in a key being computed (a checkpointing ``context_fn`` made by a
+    closure, kept in the graph's metadata) is pickled as what it runs and reads: torch's
+    pickle fails on it ("Can't pickle local object") and bypasses the cache.  A function
+    pickle can name keeps torch's by-name reduction."""
+    keying = _KEYING.get()
+    if keying is None or not isinstance(obj, types.FunctionType) or "<locals>" not in obj.__qualname__:
+        return call(self, obj)
+    described = reads_identity(obj)
+    if described is None:
+        return call(self, obj)  # torch's failure, and its bypass
+    keying.identities.append((f"local function {qualified(obj)}", described))
+    return str, (f"stableguards function {digest_text(described)}",)
 
 
 def _with_identities(call: Any, self: Any, *args: Any, **kwargs: Any) -> None:
@@ -249,6 +266,8 @@ HOOKS = [
     Hook(_CACHE, "_get_context_fn_cache_hash", "autograd_cache", _context_fn_hash, lazy=True),
     Hook(_CACHE, "_collect_wrapped_user_cache_hashes", "autograd_cache", _wrapped_hashes, lazy=True),
     Hook(_CACHE, "AOTAutogradCacheDetails.__init__", "autograd_cache", _with_identities, lazy=True),
+    Hook(_CACHE, "AOTAutogradCachePickler.reducer_override", "autograd_cache", _reduce_local_function,
+         params=("obj",), lazy=True),
     Hook("torch._ops", "HigherOrderOperator.cacheable", "autograd_cache", _cacheable),
     Hook("torch._dynamo.guards", "GuardBuilder.AUTOGRAD_SAVED_TENSORS_HOOKS", "autograd_cache",
          _saved_tensors_hooks_guard),

@@ -9,6 +9,10 @@ _FIXES = (
     ("SAC context_fn", "its context_fn (or a function it reads) has no identity across processes (a closure "
                        "over an object without one, code made by exec): give the context_fn a `cache_hash` "
                        "attribute that changes whenever its policy does"),
+    ("Unsupported call_function target torch.", "the function is torch's own (compiled autograd's graphs "
+                                                "call such functions), which torch refuses to cache for "
+                                                "reasons an identity does not answer: nothing in your code "
+                                                "changes it"),
     ("Unsupported call_function", "the function called (or a global it reads) has no identity across "
                                   "processes (a closure over an object without one, code made by exec): make "
                                   "it a module-level function, or mark it with `torch.fx.wrap` and set a "

@@ -24,7 +24,12 @@ Kinds (a fact's ``kind``):
   world size, process group, device present);
 * ``ENVIRONMENT``: an environment variable the traced code read (through
   ``os.environ`` or ``os.getenv``), its value or its absence: Dynamo guards a
-  value it read, but not that a variable it found missing is still missing.
+  value it read, but not that a variable it found missing is still missing;
+* ``UNTRACED_READS``: a function a graph runs without Dynamo tracing it (a
+  checkpointing ``context_fn`` and the policy it reaches, an ``fx.wrap``'d
+  function), at the source of the identity guard on it: what it runs and
+  reads, recursively (``autograd_cache.reads``).  Dynamo's identity guard
+  covers its code, defaults and closure, not the globals it reads.
 
 Plain Python: hooks are read by attribute name, objects described by
 ``warm_start.identity``.
@@ -38,7 +43,7 @@ import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from stableguards.components import stable_repr
+from stableguards.components import digest_text, stable_repr
 from stableguards.warm_start.guard_rules import Fact, Unprovable
 
 MODULE_HOOKS = "MODULE_HOOKS"
@@ -46,7 +51,8 @@ GLOBAL_MODULE_HOOKS = "GLOBAL_MODULE_HOOKS"
 UNSHADOWED_BUILTINS = "UNSHADOWED_BUILTINS"
 CONSTANT_RESULT = "CONSTANT_RESULT"
 ENVIRONMENT = "ENVIRONMENT"
-KINDS = (MODULE_HOOKS, GLOBAL_MODULE_HOOKS, UNSHADOWED_BUILTINS, CONSTANT_RESULT, ENVIRONMENT)
+UNTRACED_READS = "UNTRACED_READS"
+KINDS = (MODULE_HOOKS, GLOBAL_MODULE_HOOKS, UNSHADOWED_BUILTINS, CONSTANT_RESULT, ENVIRONMENT, UNTRACED_READS)
 
 # (hooks dict, the dicts of per-hook flags keyed like it): an nn.Module's, then the globals'.
 _MODULE_HOOKS = (("_forward_pre_hooks", ("_forward_pre_hooks_with_kwargs",)),
@@ -142,3 +148,13 @@ def environment(key: str, environ: Mapping[str, str]) -> Fact:
     """An environment variable's value, or its absence."""
     value = environ.get(key)
     return Fact(f"os.environ[{key!r}]", ENVIRONMENT, "absent" if value is None else f"== {value!r}")
+
+
+def untraced_reads(fn: Any, source: str, describe: Callable[[Any], str | None]) -> Fact:
+    """What a function found at ``source`` runs and reads (``describe``: a rule that includes
+    the globals it reads), for a graph that runs it without Dynamo tracing it."""
+    described = describe(fn)
+    if described is None:
+        raise Unprovable(f"{source} holds {fn!r:.80}, which reads something with no identity that holds in "
+                         f"another process")
+    return Fact(source, UNTRACED_READS, f"reads {digest_text(described)}")

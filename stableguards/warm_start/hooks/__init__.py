@@ -450,8 +450,16 @@ def _save(package: Any, ours: Ours, frame: str) -> None:
         # A training graph's AOTAutograd entry exists once its backward has
         # compiled, on first use: saved then (_record_artifact).
         if package not in STATE.pending:
-            messages.pending(frame)
-            _shorten_lease(ours.key.digest)
+            if _compiled_autograd():
+                # Compiled autograd traces backward graphs itself: AOTAutograd compiles
+                # this one only where compiled autograd does not run the backward, and
+                # only then is the entry saved.  Nobody should wait for it.
+                messages.left_out(frame, "compiled autograd is on: it traces the backward itself, so AOTAutograd "
+                                         "does not compile the backward graph the saved entry needs")
+                _release_lease(ours.key.digest)
+            else:
+                messages.pending(frame)
+                _shorten_lease(ours.key.digest)
         STATE.pending[package] = frame
         return
     try:
@@ -498,7 +506,15 @@ def _record_artifact(call: Any, cls: Any, artifact: Any) -> None:
     packages that waited for one."""
     call(cls, artifact)
     for package, frame in list(STATE.pending.items()):
-        _save(package, STATE.ours[package], frame)
+        if package.current_entry is None:  # one being compiled is saved when its compile ends
+            _save(package, STATE.ours[package], frame)
+
+
+def _compiled_autograd() -> bool:
+    import torch._dynamo.compiled_autograd as compiled_autograd
+    import torch._dynamo.config as dynamo_config
+
+    return bool(dynamo_config.compiled_autograd or compiled_autograd.compiled_autograd_enabled)
 
 
 def _bypass_package(call: Any, self: Any, reason: str = "", **kwargs: Any) -> None:

@@ -37,26 +37,43 @@ def _compile_backward(call: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
 
 def _save_aot_entry(call: Any, *compiled_fns: Any) -> bool:
     """Whether AOTAutograd saves a graph's entry.  A bundled entry holds inductor's compiled
-    code; for a graph with nothing to compute inductor returns the graph itself, which
-    bundling cannot hold (torch 2.15 fails the compile: "expected OutputCode").  Such a
-    graph of ours is saved as the user's settings say, and left out of its entry."""
-    if not STATE.bundling.get() or all(_is_output_code(fn) for fn in compiled_fns if fn is not None):
+    code; for a graph with nothing to compute inductor returns the graph module's
+    ``forward``, which ``_bundled_entry`` bundles as it is (``no_compute``).  Anything
+    else bundling cannot hold (torch 2.15 fails the compile: "expected OutputCode") is
+    saved as the user's settings say, and left out of its entry."""
+    if not STATE.bundling.get() or all(_bundleable(fn) for fn in compiled_fns if fn is not None):
         return call(*compiled_fns)
     token = STATE.bundling.set(False)
     try:
         saved = call(*compiled_fns)
     finally:
         STATE.bundling.reset(token)
-    leave_out("inductor returned a graph with nothing to compute as it is: there is no compiled code to save")
+    leave_out("inductor returned something other than compiled code for a graph: there is nothing to save")
     return saved
 
 
-def _is_output_code(fn: Any) -> bool:
+def _bundleable(fn: Any) -> bool:
     from torch._inductor.output_code import OutputCode
 
-    while hasattr(fn, "__wrapped__"):
-        fn = fn.__wrapped__
-    return isinstance(fn, OutputCode)
+    from stableguards.warm_start.hooks.no_compute import graph_without_calls
+
+    unwrapped = fn
+    while hasattr(unwrapped, "__wrapped__"):
+        unwrapped = unwrapped.__wrapped__
+    return isinstance(unwrapped, OutputCode) or graph_without_calls(fn) is not None
+
+
+def _bundled_entry(call: Any, compiled_fw_func: Any, compiled_bw_func: Any, *args: Any, **kwargs: Any) -> Any:
+    """A bundled entry of ours for a graph with nothing to compute holds the graph module
+    itself (``GraphModuleCode``), the one inductor returned to run: the same code runs in
+    the process that loads it.  The compiled function this process runs is unchanged."""
+    if STATE.bundling.get():
+        from stableguards.warm_start.hooks.no_compute import GraphModuleCode, graph_without_calls
+
+        compiled_fw_func, compiled_bw_func = (
+            fn if fn is None or (gm := graph_without_calls(fn)) is None else GraphModuleCode(gm=gm)
+            for fn in (compiled_fw_func, compiled_bw_func))
+    return call(compiled_fw_func, compiled_bw_func, *args, **kwargs)
 
 
 def leave_out(reason: str) -> None:
@@ -73,6 +90,19 @@ def leave_out(reason: str) -> None:
         tx.output.bypass_package(reason)
 
 
+def runs_untraced(functions: list[tuple[str, Any]]) -> None:
+    """The graph being compiled runs ``functions`` ((label, function): a checkpointing
+    policy, an fx.wrap'd function) without Dynamo tracing them, so no guard of the frame
+    looks at what they read: the frame's proof checks it (``proofs.live_proof``).  A
+    backward compiled on first use, whose frame's proof is written already, is left out."""
+    traced = STATE.traced.get()
+    if traced is None or STATE.backward_of.get() is not None:
+        leave_out(f"it runs {', '.join(sorted({label for label, _ in functions}))} without Dynamo guarding what "
+                  f"they read; the AOTAutograd cache key holds it instead")
+        return
+    traced.untraced.extend(functions)
+
+
 def _user_bundles() -> bool:
     """Whether torch would bundle AOTAutograd entries with the user's settings alone."""
     import torch._dynamo.config as dynamo_config
@@ -86,8 +116,10 @@ def _count_bundled_hit(call: Any, self: Any, example_inputs: Any) -> Any:
     cache hit when only warm start bundles: unbundled, the same AOTAutograd hit
     reads the graph from the FX-graph cache and counts it there (the counter and
     the compile event), and users read them to see how much a cache saved."""
+    from torch._inductor.output_code import CompiledFxGraph
+
     result = call(self, example_inputs)
-    if STATE.bundling.get() and not _user_bundles():
+    if STATE.bundling.get() and not _user_bundles() and isinstance(result, CompiledFxGraph):
         from torch._dynamo.utils import CompileEventLogger, counters
 
         counters["inductor"]["fxgraph_cache_hit"] += 1
@@ -187,6 +219,8 @@ HOOKS = [
          "warm_start", _compile_backward, lazy=True),
     Hook("torch._functorch._aot_autograd.graph_compile", "_should_save_cache", "warm_start", _save_aot_entry,
          lazy=True),
+    Hook(_AUTOGRAD_CACHE, "AOTAutogradCache.make_entry", "warm_start", _bundled_entry,
+         params=("compiled_fw_func", "compiled_bw_func"), lazy=True),
     Hook("torch._functorch._aot_autograd.aot_autograd_result", "BundledOutputCodeLoadable.load", "warm_start",
          _count_bundled_hit, params=("example_inputs",), lazy=True),
     Hook(_AUTOGRAD_CACHE, "AOTAutogradCachePickler._reduce_aot_config", "warm_start", _reduce_aot_config,

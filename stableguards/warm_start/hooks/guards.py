@@ -219,6 +219,17 @@ def _record_folded(call: Any, self: Any, tx: Any, args: Any, kwargs: Any) -> Any
     return result
 
 
+def _record_context_fn(call: Any, self: Any, tx: Any, args: Any, kwargs: Any) -> Any:
+    """Where a checkpointing ``context_fn`` came from (its source), for a saved entry: Dynamo
+    passes it to the graph untraced and unguarded, and the entry's proof checks what the
+    function found there reads (``proofs.live_proof``)."""
+    traced = STATE.traced.get()
+    source = getattr(kwargs.get("context_fn"), "source", None)
+    if traced is not None and source is not None:
+        traced.untraced_sources.append(source)
+    return call(self, tx, args, kwargs)
+
+
 class _NotPlain:
     """A value Dynamo does not know as a Python constant: no fact can be written about it."""
 
@@ -355,6 +366,8 @@ HOOKS = [
          params=("tx", "fn", "name", "args", "kwargs")),
     Hook("torch._dynamo.variables.torch", "TorchInGraphFunctionVariable.call_function", "warm_start",
          _record_folded, params=("tx", "args", "kwargs")),
+    Hook("torch._dynamo.variables.higher_order_ops", "CheckpointHigherOrderVariable._call_function", "warm_start",
+         _record_context_fn, params=("tx", "args", "kwargs")),
     Hook("torch._dynamo.symbolic_convert", "InliningInstructionTranslator.__init__", "warm_start", _record_inlined,
          params=("parent", "code", "symbolic_locals", "funcvar")),
 ]

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from stableguards.autograd_cache.reads import reads_identity
 from stableguards.codes import resolve
 from stableguards.hooks.guard_tree import Leaf, leaves
 from stableguards.warm_start.facts import (
@@ -32,12 +33,14 @@ from stableguards.warm_start.facts import (
     GLOBAL_MODULE_HOOKS,
     MODULE_HOOKS,
     UNSHADOWED_BUILTINS,
+    UNTRACED_READS,
     builtins_read,
     constant_result,
     environment,
     global_module_hooks,
     module_hooks,
     unshadowed_builtins,
+    untraced_reads,
 )
 from stableguards.warm_start.guard_rules import Check, Fact, Unprovable, code_of, fact, rule_for
 from stableguards.warm_start.identity import Identities, module_of_globals
@@ -61,13 +64,16 @@ class ConstantCall:
 class Traced:
     """What tracing a frame for a saved entry read that its guards do not say: the functions
     it inlined with their globals, ``assume_constant_result`` calls, the environment
-    variables it read (None: the whole environment, which cannot be checked); and the resume
-    functions torch installed for it, which a package restores."""
+    variables it read (None: the whole environment, which cannot be checked); the resume
+    functions torch installed for it, which a package restores; and the functions its graphs
+    run without Dynamo tracing them."""
 
     inlined: list[tuple[Any, dict]] = field(default_factory=list)
     constants: list[ConstantCall] = field(default_factory=list)
     environ: set[str] | None = field(default_factory=set)
     resumes: set[str] = field(default_factory=set)
+    untraced: list[tuple[str, Any]] = field(default_factory=list)  # (label, function): bundling.runs_untraced
+    untraced_sources: list[Any] = field(default_factory=list)  # where such functions came from (Sources)
 
     def inline(self, code: Any, scope: dict, arguments: dict[str, Any]) -> None:
         """A function inlined, with its globals and its arguments (VariableTrackers)."""
@@ -105,7 +111,27 @@ def live_proof(guard_manager: Any, builder: Any, sorted_guards: list, output_gra
     for call in traced.constants:
         payload = (call.fn.__module__, call.fn.__qualname__, call.args, tuple(sorted(call.kwargs.items())))
         rechecks.append(Recheck(constant_result(call.fn, call.args, call.kwargs, call.result, identities), payload))
+    for label, fn in traced.untraced:
+        rechecks.append(Recheck(_untraced_fact(fn, label, traced.untraced_sources, value), label))
     return Proof(facts, tuple(dict.fromkeys(rechecks)))
+
+
+def _untraced_fact(fn: Any, label: str, sources: list[Any], value: Callable[[str], Any]) -> Fact:
+    """What the function a graph runs untraced reads, at the source the frame took it from.
+
+    Dynamo takes a ``context_fn`` from a source (``G['policy_fn']``, ``L['self'].ctx_fn``)
+    without guarding it; the frame's other guards make a restarted process reach the same
+    source, so the function there is the one it would trace with, and the fact checks what
+    it runs and reads (code, defaults, closure, and every global it reads, recursively).
+    The object at the source must be equivalent to the one the graph ran (torch builds a
+    ``functools.partial`` again from its parts)."""
+    described = reads_identity(fn)
+    for source in sources:
+        with contextlib.suppress(Unprovable):
+            if described is not None and reads_identity(value(source.name)) == described:
+                return untraced_reads(value(source.name), source.name, reads_identity)
+    raise Unprovable(f"its graph runs {label} without Dynamo tracing it, from no source the frame names: what "
+                     f"it reads cannot be checked in another process")
 
 
 def round_trip(proof: Proof, loaded: Any, guards_state: Any, output_graph: Any) -> str | None:
@@ -257,6 +283,8 @@ def _recheck(item: Recheck, value: Callable[[str], Any], identities: Identities)
         return unshadowed_builtins(source, vars(module), item.payload)
     if kind == ENVIRONMENT:
         return environment(item.payload, os.environ)
+    if kind == UNTRACED_READS:
+        return untraced_reads(value(source), source, reads_identity)
     if kind == CONSTANT_RESULT:
         module_name, qualname, args, kwargs = item.payload
         kwargs = dict(kwargs)

@@ -79,33 +79,40 @@ class Identities:
     """``identity`` for many objects in a row (one guard tree): a class described once.
 
     Remembers what it is describing, so a cycle (a method's ``__class__`` cell
-    holds its class) names the object instead of recursing.  Only whole
-    descriptions are remembered, each with its object, so an id is never
-    reused while it is remembered and no answer depends on what was open
-    when it was computed.
+    holds its class) names the object instead of recursing.  Remembers a
+    description, with its object (so an id is never reused while it is
+    remembered), where it does not depend on what was open when it was
+    computed: asked at the top, or naming no cycle.
     """
 
     def __init__(self) -> None:
-        self._open: dict[int, str] = {}
+        self._open: dict[int, Any] = {}
         self._done: dict[int, tuple[Any, str | None]] = {}
+        self._cycles = 0  # how many cycles were named so far
 
     def __call__(self, obj: Any) -> str | None:
-        done = self._done.get(id(obj))
-        if done is not None and done[0] is obj:
-            return done[1]
-        described = self.describe(obj)
-        self._done[id(obj)] = (obj, described)
-        return described
+        return self.describe(obj)
 
     def describe(self, obj: Any) -> str | None:
         key = id(obj)
+        done = self._done.get(key)
+        if done is not None and done[0] is obj:
+            return done[1]
         if key in self._open:
-            return f"<cycle {self._open[key]}>"
-        self._open[key] = _label(obj)
+            self._cycles += 1
+            return f"<cycle {_label(self._open[key])}>"
+        self._open[key] = obj
+        cycles = self._cycles
         try:
-            return self._describe(obj)
+            described = self._describe(obj)
         finally:
             del self._open[key]
+        # A description that named no cycle depends on nothing open around it: the same
+        # wherever it is asked again (a helper many methods call, a class many read).
+        # One asked at the top has nothing open around it.
+        if self._cycles == cycles or not self._open:
+            self._done[key] = (obj, described)
+        return described
 
     def _all(self, values: Any) -> list[str] | None:
         described = [self.describe(v) for v in values]

@@ -91,11 +91,19 @@ def run_case(name: str) -> dict:
             want = call(fn, fn, module.TRAIN)
     finally:
         module.teardown()
-    # bfloat16 under autocast: compiled and eager round differently.
-    tolerance = {"rtol": 5e-2, "atol": 5e-2} if module.AMBIENT == "autocast" else {"rtol": 1e-4, "atol": 1e-5}
-    matches = len(got) == len(want) and all(torch.allclose(g, w, **tolerance) for g, w in zip(got, want))
+    matches = len(got) == len(want) and all(torch.allclose(g, w, **_tolerance(module.AMBIENT, w))
+                                            for g, w in zip(got, want))
     digest = hashlib.sha256(b"".join(w.round(decimals=3).numpy().tobytes() for w in want)).hexdigest()[:16]
     return {"matches": matches, "frames": traced, "eager": digest}
+
+
+def _tolerance(ambient: str, want: torch.Tensor) -> dict:
+    """bfloat16 under autocast: compiled and eager round differently, by a share of the largest
+    magnitude (a gradient summed over large activations), not only of each element.  A stale
+    graph differs by a changed factor (1.5 against 2), far beyond it."""
+    if ambient != "autocast":
+        return {"rtol": 1e-4, "atol": 1e-5}
+    return {"rtol": 5e-2, "atol": 5e-2 * max(1.0, float(want.abs().max()) if want.numel() else 1.0)}
 
 
 def main(src: str, flag: bool, names: list[str]) -> dict:

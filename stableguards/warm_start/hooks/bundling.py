@@ -55,12 +55,9 @@ def _save_aot_entry(call: Any, *compiled_fns: Any) -> bool:
 def _bundleable(fn: Any) -> bool:
     from torch._inductor.output_code import OutputCode
 
-    from stableguards.warm_start.hooks.no_compute import graph_without_calls
+    from stableguards.warm_start.hooks.no_compute import graph_without_calls, unwrapped
 
-    unwrapped = fn
-    while hasattr(unwrapped, "__wrapped__"):
-        unwrapped = unwrapped.__wrapped__
-    return isinstance(unwrapped, OutputCode) or graph_without_calls(fn) is not None
+    return isinstance(unwrapped(fn), OutputCode) or graph_without_calls(fn) is not None
 
 
 def _bundled_entry(call: Any, compiled_fw_func: Any, compiled_bw_func: Any, *args: Any, **kwargs: Any) -> Any:

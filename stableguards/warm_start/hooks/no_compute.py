@@ -18,10 +18,16 @@ import torch
 from torch._inductor.output_code import OutputCode
 
 
-def graph_without_calls(fn: Any) -> torch.fx.GraphModule | None:
-    """The graph module whose ``forward`` ``fn`` is, unwrapped, if its graph calls nothing."""
+def unwrapped(fn: Any) -> Any:
+    """What AOTAutograd's wrappers (``functools.wraps`` and the like) wrap."""
     while hasattr(fn, "__wrapped__"):
         fn = fn.__wrapped__
+    return fn
+
+
+def graph_without_calls(fn: Any) -> torch.fx.GraphModule | None:
+    """The graph module whose ``forward`` ``fn`` is, unwrapped, if its graph calls nothing."""
+    fn = unwrapped(fn)
     gm = getattr(fn, "__self__", None)
     if not isinstance(gm, torch.fx.GraphModule) or fn != gm.forward:
         return None

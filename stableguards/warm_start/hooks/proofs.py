@@ -126,9 +126,12 @@ def _untraced_fact(fn: Any, label: str, sources: list[Any], value: Callable[[str
     The object at the source must be equivalent to the one the graph ran (torch builds a
     ``functools.partial`` again from its parts)."""
     described = reads_identity(fn)
+    if described is None:
+        raise Unprovable(f"its graph runs {label} without Dynamo tracing it, and what that reads has no identity "
+                         f"that holds in another process")
     for source in sources:
         with contextlib.suppress(Unprovable):
-            if described is not None and reads_identity(value(source.name)) == described:
+            if reads_identity(value(source.name)) == described:
                 return untraced_reads(value(source.name), source.name, reads_identity)
     raise Unprovable(f"its graph runs {label} without Dynamo tracing it, from no source the frame names: what "
                      f"it reads cannot be checked in another process")

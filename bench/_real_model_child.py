@@ -125,6 +125,30 @@ def gpt2_train():
     return lambda: [compiled(_ids(n)) for n in (8, 8, 8)], lambda: [eager(_ids(n)) for n in (8, 8, 8)]
 
 
+def gpt2_compiled_autograd():
+    """A GPT-2 forward and backward under compiled autograd: ``loss.detach()`` and a gradient."""
+    torch._dynamo.config.compiled_autograd = True
+
+    def make():
+        torch.manual_seed(0)
+        model = _gpt2().train()
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+
+        def step(ids):
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+            grad = model.lm_head.weight.grad.clone()
+            model.zero_grad(set_to_none=True)
+            return [loss.detach(), grad]
+        return step
+    compiled = torch.compile(make())
+    eager = make()
+    return (lambda: [t for n in (8, 8) for t in compiled(_ids(n))],
+            lambda: [t for n in (8, 8) for t in eager(_ids(n))])
+
+
 class _Scale(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
@@ -171,7 +195,8 @@ def custom_train():
 
 
 WORKLOADS = {"gpt2": infer(_gpt2), "llama": infer(_llama), "llama_generate": generate, "bert_kwargs": bert_kwargs,
-             "gpt2_train": gpt2_train, "custom_train": custom_train}
+             "gpt2_train": gpt2_train, "gpt2_compiled_autograd": gpt2_compiled_autograd,
+             "custom_train": custom_train}
 
 
 def main(name: str) -> dict:

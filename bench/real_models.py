@@ -35,7 +35,7 @@ from pathlib import Path
 from columns import aligned
 
 HERE = Path(__file__).resolve().parent
-WORKLOADS = ("gpt2", "llama", "llama_generate", "bert_kwargs", "gpt2_train", "custom_train")
+WORKLOADS = ("gpt2", "llama", "llama_generate", "bert_kwargs", "gpt2_train", "gpt2_compiled_autograd", "custom_train")
 # config: (flag, job id, extra environment)
 CONFIGS = {"off": ("0", None, {}), "off+job": ("0", "bench", {}), "on": ("1", None, {})}
 NEW_MACHINE_CONFIGS = {"off": ("0", None, {}), "on, no warm start": ("1", None, {"STABLEGUARDS_DISABLE": "warm_start"}),

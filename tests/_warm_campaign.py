@@ -11,8 +11,11 @@ environment variable a branch reads, an ``assume_constant_result`` function's
 input, a module hook of any kind or a global one, what a checkpointing policy
 saves (a policy Dynamo never traces, reached through a global function, a
 closure or a ``functools.partial``), saved-tensor hooks, grad, inference or
-autocast mode, the default dtype, a Dynamo or inductor setting, or nothing at
-all.  A graph break followed by a view leaves a graph with nothing to compute.
+autocast mode, the default dtype, a Dynamo or inductor setting, compiled
+autograd, or nothing at all.  A graph break followed by a view leaves a graph
+with nothing to compute.  Under compiled autograd the compiled function is a
+training step (``step``: the program, then its backward) as compiled autograd
+runs a backward called in a compiled region.
 ``sources`` writes the case's modules for either process.
 
 Hypothesis draws cases (``cases()``); tests/test_warm_campaign.py runs them.
@@ -66,13 +69,14 @@ AMBIENTS = {
     "saved_tensor_hooks": "saved_tensor_hooks_changed",
     "inlined_saved_tensor_hooks": "inlined_saved_tensor_hooks_changed",
     "dynamo_setting": "dynamo_setting_changed", "inductor_setting": "inductor_setting_changed",
+    "compiled_autograd": "none",
 }
 # Changes that need not show in the eager outputs: a setting that only changes how it compiles,
 # modes that change no value, saved-tensor hooks that are other code with the same results.
 UNOBSERVABLE = {"checkpoint_policy",
                 "ambient:dynamo_setting", "ambient:inductor_setting", "ambient:no_grad", "ambient:none",
                 "ambient:inference_mode", "ambient:float64", "ambient:autocast", "ambient:saved_tensor_hooks",
-                "ambient:inlined_saved_tensor_hooks"}
+                "ambient:inlined_saved_tensor_hooks", "ambient:compiled_autograd"}
 # Changes a warm process must compile again for, though they change no value: serving the old
 # graph would keep the old policy's memory behaviour.
 MUST_COMPILE = {"checkpoint_policy"}
@@ -94,8 +98,8 @@ def cases(draw: st.DrawFn) -> Case:
             or (Feature("module_global", 2.0, 3.0, "sin", "cos"),)
     ambient = draw(st.sampled_from(sorted(AMBIENTS)))
     train = draw(st.booleans()) and ambient not in ("no_grad", "inference_mode")
-    if ambient.endswith("saved_tensor_hooks"):
-        train = True  # the hooks act on a backward
+    if ambient.endswith("saved_tensor_hooks") or ambient == "compiled_autograd":
+        train = True  # the hooks act on a backward; compiled autograd compiles one
     if not train or ambient.endswith("saved_tensor_hooks"):  # a policy acts on a backward, without hooks
         feats = tuple(f for f in feats if f.kind != "checkpoint_policy") \
             or (Feature("module_global", 2.0, 3.0, "sin", "cos"),)
@@ -133,6 +137,9 @@ def sources(case: Case, warm: bool) -> dict[str, str]:
     else:
         program = (f"def fn(x):\n{body}\n\n\ndef build():\n" + "".join(f"    {line}\n" for line in p.build)
                    + "    return fn\n")
+    if case.ambient == "compiled_autograd":  # in both processes: only the setting changes
+        program += ("\n\nMODEL = None\n\n\ndef step(x):\n    y = MODEL(x)\n    y.float().sum().backward()\n"
+                    "    return y.detach()\n")
     teardown = "def teardown():\n" + "".join(f"    {line}\n" for line in p.teardown or ["pass"])
     main = ("import dataclasses\nimport os\n\nimport torch\nimport torch.nn.functional as F\n\n"
             f"import {helper} as helper\n"

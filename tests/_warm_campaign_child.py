@@ -3,11 +3,13 @@
     python tests/_warm_campaign_child.py SRC_DIR FLAG CASE [CASE ...]
 
 Each case module (tests/_warm_campaign.py writes them) defines ``build()``,
-``teardown()``, ``TRAIN`` and ``AMBIENT``.  Every case is compiled with
-inductor and called on a fixed input under its ambient setting, then run
-eagerly in this process; its outputs and gradients are compared.  Prints one
-JSON line: per case, whether compiled equalled eager, the frames Dynamo traced
-for it, and a digest of the eager results (to tell whether a change shows).
+``teardown()``, ``TRAIN`` and ``AMBIENT``, and ``step`` where the backward runs
+in the compiled function.  Every case is compiled with inductor and called on
+a fixed input under its ambient setting, then run eagerly in this process; its
+outputs and gradients are compared.  Prints one JSON line: per case, whether
+compiled equalled eager, the frames Dynamo traced for it (compiled autograd's
+own graphs, made in every process, aside), and a digest of the eager results
+(to tell whether a change shows).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 import torch._dynamo.utils as dynamo_utils
 
 import stableguards
+from _traced import TRACED
 
 
 def _hooks(scale: float, inlined: bool) -> contextlib.AbstractContextManager:
@@ -60,10 +63,14 @@ def ambient(name: str) -> contextlib.AbstractContextManager:
         stack.enter_context(torch._dynamo.config.patch(specialize_float=name.endswith("changed")))
     elif name.startswith("inductor_setting"):
         stack.enter_context(torch._inductor.config.patch(epilogue_fusion=not name.endswith("changed")))
+    elif name == "compiled_autograd":
+        stack.enter_context(torch._dynamo.config.patch(compiled_autograd=True))
     return stack
 
 
-def call(fn, module, train: bool) -> list[torch.Tensor]:
+def call(fn, module, train: bool, step: bool) -> list[torch.Tensor]:
+    """``fn`` on the case's input: its output, and with ``train`` the gradients of the input
+    and the parameters, from a backward ``fn`` runs itself when it is a ``step``."""
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3), dtype=torch.get_default_dtype())
     x.requires_grad_(train)
     params = list(module.parameters()) if isinstance(module, torch.nn.Module) else []
@@ -73,22 +80,28 @@ def call(fn, module, train: bool) -> list[torch.Tensor]:
     # Whether the output requires grad is a result too: a training case whose change is
     # no_grad has no backward to run, and a stale graph would still record one.
     results = [out.detach().float(), torch.tensor(float(out.requires_grad))]
-    if train and out.requires_grad:
+    if train and out.requires_grad and not step:
         out.float().sum().backward()
+    if train:
         results += [t.grad.detach().float() for t in [x, *params] if t.grad is not None]
     return results
 
 
 def run_case(name: str) -> dict:
     module = importlib.import_module(name)
-    frames = dynamo_utils.counters["frames"]["total"]
+    counters = dynamo_utils.counters
+    frames = len(TRACED) - counters["compiled_autograd"]["captures"]
+    step = hasattr(module, "step")
     try:
         with ambient(module.AMBIENT):
-            fn = module.build()
+            model = module.build()
+            fn = model
+            if step:  # the program and its backward, in one compiled function
+                module.MODEL, fn = model, module.step
             compiled = torch.compile(fn)
-            got = call(compiled, fn, module.TRAIN)
-            traced = dynamo_utils.counters["frames"]["total"] - frames
-            want = call(fn, fn, module.TRAIN)
+            got = call(compiled, model, module.TRAIN, step)
+            traced = len(TRACED) - counters["compiled_autograd"]["captures"] - frames
+            want = call(fn, model, module.TRAIN, step)
     finally:
         module.teardown()
     matches = len(got) == len(want) and all(torch.allclose(g, w, **_tolerance(module.AMBIENT, w))

@@ -180,3 +180,28 @@ def test_checkpointing_policies_and_graphs_with_nothing_to_compute(tmp_path):
         else:
             assert after["frames"] > 0, (case, warm["explain"])
             assert (after["eager"] != before["eager"]) == (case.change_kind() not in UNOBSERVABLE), case
+
+
+def test_training_steps_under_compiled_autograd(tmp_path):
+    """Under compiled autograd a training step (the program, then its backward, in one compiled
+    function) starts warm unchanged, compiled autograd's own graphs aside (made in every
+    process); a changed program, policy or hook is compiled again and equals eager, and turning
+    compiled autograd off finds no entry of the steps compiled with it."""
+    if not _warm_start_available():
+        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
+    kinds = (("module_global", False), ("module_hook", True), ("checkpoint_policy", False),
+             ("break_then_view", False))
+    batch = [Case("case", module, True, (Feature(kind, 2.0, 3.0, "sin", "cos"),), "compiled_autograd", changed)
+             for kind, module in kinds for changed in (None, 0)]
+    batch.append(Case("case", True, True, (Feature("module_global", 2.0, 3.0, "sin", "cos"),), "compiled_autograd",
+                      1))
+    batch = [dataclasses.replace(c, name=f"case{i}") for i, c in enumerate(batch)]
+    cold, warm = _campaign(tmp_path, batch, flag=True)
+    for case in batch:
+        before, after = cold["cases"][case.name], warm["cases"][case.name]
+        assert before["matches"] and after["matches"], (case, before, after)
+        if case.changed is None:
+            assert after["frames"] == 0, (case, warm["explain"])
+        else:
+            assert after["frames"] > 0, (case, warm["explain"])
+            assert (after["eager"] != before["eager"]) == (case.change_kind() not in UNOBSERVABLE), case

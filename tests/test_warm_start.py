@@ -492,10 +492,14 @@ def test_a_graph_with_nothing_to_compute_starts_warm(tmp_path):
 
 
 COMPILED_AUTOGRAD = textwrap.dedent("""
-    import copy, json, torch
+    import copy, json, sys, torch
     torch._dynamo.config.stable_guards = True
     torch._dynamo.config.compiled_autograd = True
     import stableguards
+    from torch._dynamo.utils import counters
+
+    sys.path.insert(0, sys.argv[1])
+    from _traced import TRACED
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
@@ -513,25 +517,35 @@ COMPILED_AUTOGRAD = textwrap.dedent("""
         ok &= torch.allclose(compiled(model, x), step(twin, x))
         ok &= all(torch.allclose(p.grad, q.grad) for p, q in zip(model.parameters(), twin.parameters()))
         model.zero_grad(set_to_none=True), twin.zero_grad(set_to_none=True)
-    print(json.dumps({"ok": bool(ok), "explain": stableguards.explain()}))
+    aot = counters["aot_autograd"]
+    print(json.dumps({"ok": bool(ok), "traced": [code.co_name for code in TRACED], "explain": stableguards.explain(),
+                      "aot": [aot["autograd_cache_hit"], aot["autograd_cache_miss"]]}))
 """)
 
 
-def test_compiled_autograd_is_named_not_waited_for(tmp_path):
-    """Compiled autograd traces a training step's backward itself, so AOTAutograd never compiles
-    the backward graph the step's entry needs: the entry is named as left out (it used to wait
-    for it forever) and nothing fails open on the way."""
+def test_compiled_autograd_step_starts_warm(tmp_path):
+    """Compiled autograd traces a training step's backward itself, so AOTAutograd never compiled
+    the backward graph the step's entry needs, and the entry was never saved (it used to wait
+    for it forever).  Under compiled autograd the backward is compiled with the forward: the
+    step's entry is saved with the backward module, a restart installs it (Dynamo traces only
+    compiled autograd's own graph) and compiled autograd re-traces the saved module."""
     if not _warm_start_available():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
     env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+    runs = []
     for _ in range(2):
-        proc = subprocess.run([sys.executable, "-c", COMPILED_AUTOGRAD], env=env, capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, "-c", COMPILED_AUTOGRAD, str(Path(__file__).parent)], env=env,
+                              capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-4000:]
-        run = json.loads(proc.stdout.strip().splitlines()[-1])
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    for run in runs:
         assert run["ok"] and "fallbacks" not in run["explain"], run["explain"]
-        assert "compiled autograd is on: it traces the backward itself" in run["explain"], run["explain"]
         assert "entry saved once all its graphs are compiled" not in run["explain"], run["explain"]
+    assert "step" in cold["traced"] and cold["aot"][1] > 0, cold
+    assert "installed its saved compiled entry" in warm["explain"], warm
+    assert not [name for name in warm["traced"] if "step" in name], warm  # the step and its resume function
 
 
 CHUNKED = textwrap.dedent("""

@@ -380,10 +380,12 @@ def compile_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -
         return call(self, frame, *args, **kwargs)
     frame_name = frame_label(frame.f_code)
     traced = proofs.Traced()
+    before = _contents(package)
     tokens = [(STATE.frame, STATE.frame.set(frame_name)), (STATE.bundling, STATE.bundling.set(True)),
               (STATE.traced, STATE.traced.set(traced))]
     try:
-        result = call(self, frame, *args, **kwargs)
+        with _backward_compiled_with_forward():
+            result = call(self, frame, *args, **kwargs)
     except Exception as error:
         if not _retry_without_package(error):
             if package not in STATE.pending:
@@ -411,10 +413,41 @@ def compile_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -
     ours.folded |= {(c.fn.__module__, c.fn.__qualname__, c.args, tuple(sorted(c.kwargs.items())))
                     for c in traced.constants if guards.folds_process_state(c.fn)
                     and variants.jsonable([c.args, list(c.kwargs.values())])}
-    _save(package, ours, frame_name)
+    if _contents(package) != before:
+        _save(package, ours, frame_name)
     if package not in STATE.pending:
         _release_lease(ours.key.digest)  # saved, or nothing to save: nobody need wait
     return result
+
+
+def _contents(package: Any) -> tuple[int, int, int, int]:
+    """What a compile can add to a package: code objects, guarded codes, backends, bypasses.
+
+    A compile that added none (a skipped frame: every frame a backward run
+    from a compiled region shows Dynamo under compiled autograd, hundreds per
+    step) leaves the entry as it was saved, so it is not written again."""
+    codes = package._codes.values()
+    return (len(codes), sum(len(c.guarded_codes) for c in codes), sum(len(c.backend_ids) for c in codes),
+            sum(bool(getattr(c, "bypassed", False)) for c in codes))
+
+
+def _backward_compiled_with_forward() -> contextlib.AbstractContextManager[Any]:
+    """Under compiled autograd, this compile's backward graphs are compiled with their forwards.
+
+    AOTAutograd compiles a backward graph on its first use, and saves the
+    graph's entry (and hands warm start its artifact) only then; compiled
+    autograd never uses it (it traces the backward module instead), so the
+    entry was never saved and every restart compiled the forward again.
+    Compiled now, the entry is saved with the backward module, which compiled
+    autograd re-traces in a restarted process as in this one.  It costs the
+    cold process one backward compile compiled autograd does not run; a
+    failure of it fails this compile, which is compiled again without our
+    machinery (compile_frame)."""
+    if not _compiled_autograd():
+        return contextlib.nullcontext()
+    import torch._functorch.config as functorch_config
+
+    return functorch_config.patch(force_non_lazy_backward_lowering=True)
 
 
 def _retry_without_package(error: Exception) -> bool:
@@ -451,11 +484,11 @@ def _save(package: Any, ours: Ours, frame: str) -> None:
         # compiled, on first use: saved then (_record_artifact).
         if package not in STATE.pending:
             if _compiled_autograd():
-                # Compiled autograd traces backward graphs itself: AOTAutograd compiles
-                # this one only where compiled autograd does not run the backward, and
-                # only then is the entry saved.  Nobody should wait for it.
-                messages.left_out(frame, "compiled autograd is on: it traces the backward itself, so AOTAutograd "
-                                         "does not compile the backward graph the saved entry needs")
+                # The backward was compiled with the forward (_backward_compiled_with_forward)
+                # and AOTAutograd still handed over no artifact: compiled autograd traces the
+                # backward itself, so none will come.  Nobody should wait for it.
+                messages.left_out(frame, "compiled autograd is on and AOTAutograd saved no entry for a graph of "
+                                         "this frame; compiled autograd never compiles the backward it would wait for")
                 _release_lease(ours.key.digest)
             else:
                 messages.pending(frame)

@@ -123,10 +123,27 @@ def _admit(code: Any, entry: LoadedEntry) -> Any:
     from torch._dynamo.types import GuardedCode, wrap_guarded_code
 
     _drop(code, entry)  # another thread may have admitted it first: a duplicate entry, harmless
+    _import_as_tracing_would()
     # A later recompile names the guard that failed under the original code; reset clears both.
     orig_code_map[entry.code] = code
     output_codes.add(entry.code)
     return wrap_guarded_code(GuardedCode(entry.code, entry.guard_manager, entry.compile_id, "warm start"))
+
+
+def _import_as_tracing_would() -> None:
+    """Import what a traced compile would have imported by now.
+
+    ShapeEnv imports ``torch.export._trace`` the first time it names a user
+    frame (``uninteresting_files``, cached).  A cold process does that while
+    Dynamo traces; a warm one that traced nothing first does it wherever a
+    symbol is made next, e.g. in compiled autograd's capture of the backward,
+    which runs under Dynamo's callback: the import's own frames (a dataclass's
+    generated ``__init__``) reach Dynamo, whose compile imports the module
+    again and fails as a circular import.  Done here, it happens as in the
+    cold process, outside any frame Dynamo watches."""
+    from torch.fx.experimental.symbolic_shapes import uninteresting_files
+
+    uninteresting_files()
 
 
 def _uninstall(call: Any, self: Any) -> None:

@@ -211,7 +211,8 @@ def _reduce_local_function(call: Any, self: Any, obj: Any) -> Any:
     described = reads_identity(obj)
     if described is None:
         return call(self, obj)  # torch's failure, and its bypass
-    keying.identities.append((f"local function {qualified(obj)}", described))
+    if all(known != described for _, known in keying.identities):  # a context_fn is named as one already
+        keying.identities.append((f"local function {qualified(obj)}", described))
     return str, (f"stableguards function {digest_text(described)}",)
 
 

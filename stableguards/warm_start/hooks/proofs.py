@@ -125,14 +125,16 @@ def _untraced_fact(fn: Any, label: str, sources: list[Any], value: Callable[[str
     it runs and reads (code, defaults, closure, and every global it reads, recursively).
     The object at the source must be equivalent to the one the graph ran (torch builds a
     ``functools.partial`` again from its parts)."""
-    described = reads_identity(fn)
-    if described is None:
+    try:
+        ran = untraced_reads(fn, label, reads_identity)
+    except Unprovable:
         raise Unprovable(f"its graph runs {label} without Dynamo tracing it, and what that reads has no identity "
-                         f"that holds in another process")
+                         f"that holds in another process") from None
     for source in sources:
         with contextlib.suppress(Unprovable):
-            if reads_identity(value(source.name)) == described:
-                return untraced_reads(value(source.name), source.name, reads_identity)
+            fact = untraced_reads(value(source.name), source.name, reads_identity)
+            if fact.claim == ran.claim:
+                return fact
     raise Unprovable(f"its graph runs {label} without Dynamo tracing it, from no source the frame names: what "
                      f"it reads cannot be checked in another process")
 

@@ -221,7 +221,7 @@ def workload_for(hook) -> None:
         store_calls()
     elif hook.part == "autograd_cache" or hook.target == "CheckpointHigherOrderVariable._call_function":
         autograd_cache_calls()
-    elif hook.target == "_AutogradBackwardCompiler.get_or_compile":
+    elif hook.target in ("_AutogradBackwardCompiler.get_or_compile", "_aot_stage2b_bw_compile"):
         warm_start_training()
     elif hook.target == "invoke_and_store_as_constant":
         warm_start_constants()

@@ -548,6 +548,57 @@ def test_compiled_autograd_step_starts_warm(tmp_path):
     assert not [name for name in warm["traced"] if "step" in name], warm  # the step and its resume function
 
 
+BACKWARD_FAILS_ALONE = textwrap.dedent("""
+    import copy, json, torch
+    torch._dynamo.config.stable_guards = True
+    torch._dynamo.config.compiled_autograd = True
+    import stableguards
+    import torch._functorch._aot_autograd.graph_compile as graph_compile
+
+    class FailingCopy:  # the backward compiled with its forward copies its module first: fail there
+        def __getattr__(self, name):
+            return getattr(copy, name)
+
+        @staticmethod
+        def deepcopy(obj, *args):
+            if isinstance(obj, torch.fx.GraphModule):
+                raise RuntimeError("this backward cannot be compiled on its own")
+            return copy.deepcopy(obj, *args)
+
+    graph_compile.copy = FailingCopy()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    twin = copy.deepcopy(model)
+
+    def step(m, x):
+        loss = m(x).pow(2).mean()
+        loss.backward()
+        return loss.detach()
+
+    x = torch.randn(4, 8)
+    ok = bool(torch.allclose(torch.compile(step)(model, x), step(twin, x)))
+    ok &= all(torch.allclose(p.grad, q.grad) for p, q in zip(model.parameters(), twin.parameters()))
+    print(json.dumps({"ok": ok, "explain": stableguards.explain()}))
+""")
+
+
+def test_compiled_autograd_backward_that_cannot_compile_with_its_forward(tmp_path):
+    """A backward graph that fails to compile with its forward is compiled as torch would (on
+    first use: compiled autograd traces it), without a warning; the step's entry is left out,
+    named with the reason."""
+    if not _warm_start_available():
+        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", BACKWARD_FAILS_ALONE], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "stableguards hook" not in proc.stderr, proc.stderr[-4000:]  # no fallback warning
+    run = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert run["ok"], run
+    assert "its backward graph could not be compiled with the forward (this backward cannot be compiled on its " \
+           "own)" in run["explain"], run["explain"]
+
+
 CHUNKED = textwrap.dedent("""
     import json, sys, torch, torch._dynamo
     torch._dynamo.config.stable_guards = True

@@ -384,8 +384,7 @@ def compile_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -
     tokens = [(STATE.frame, STATE.frame.set(frame_name)), (STATE.bundling, STATE.bundling.set(True)),
               (STATE.traced, STATE.traced.set(traced))]
     try:
-        with _backward_compiled_with_forward():
-            result = call(self, frame, *args, **kwargs)
+        result = call(self, frame, *args, **kwargs)
     except Exception as error:
         if not _retry_without_package(error):
             if package not in STATE.pending:
@@ -431,25 +430,6 @@ def _contents(package: Any) -> tuple[int, int, int, int]:
             sum(bool(getattr(c, "bypassed", False)) for c in codes))
 
 
-def _backward_compiled_with_forward() -> contextlib.AbstractContextManager[Any]:
-    """Under compiled autograd, this compile's backward graphs are compiled with their forwards.
-
-    AOTAutograd compiles a backward graph on its first use, and saves the
-    graph's entry (and hands warm start its artifact) only then; compiled
-    autograd never uses it (it traces the backward module instead), so the
-    entry was never saved and every restart compiled the forward again.
-    Compiled now, the entry is saved with the backward module, which compiled
-    autograd re-traces in a restarted process as in this one.  It costs the
-    cold process one backward compile compiled autograd does not run; a
-    failure of it fails this compile, which is compiled again without our
-    machinery (compile_frame)."""
-    if not _compiled_autograd():
-        return contextlib.nullcontext()
-    import torch._functorch.config as functorch_config
-
-    return functorch_config.patch(force_non_lazy_backward_lowering=True)
-
-
 def _retry_without_package(error: Exception) -> bool:
     """A failure that compiling without our package might not have: a backend failure, a
     package error, an internal error or any exception outside Dynamo's own; not Dynamo's
@@ -483,10 +463,10 @@ def _save(package: Any, ours: Ours, frame: str) -> None:
         # A training graph's AOTAutograd entry exists once its backward has
         # compiled, on first use: saved then (_record_artifact).
         if package not in STATE.pending:
-            if _compiled_autograd():
-                # The backward was compiled with the forward (_backward_compiled_with_forward)
-                # and AOTAutograd still handed over no artifact: compiled autograd traces the
-                # backward itself, so none will come.  Nobody should wait for it.
+            if bundling.compiled_autograd_on():
+                # The backward was not compiled with the forward (bundling._backward_with_forward
+                # names why): compiled autograd traces the backward itself, so no artifact
+                # will come.  Nobody should wait for it.
                 messages.left_out(frame, "compiled autograd is on and AOTAutograd saved no entry for a graph of "
                                          "this frame; compiled autograd never compiles the backward it would wait for")
                 _release_lease(ours.key.digest)
@@ -541,13 +521,6 @@ def _record_artifact(call: Any, cls: Any, artifact: Any) -> None:
     for package, frame in list(STATE.pending.items()):
         if package.current_entry is None:  # one being compiled is saved when its compile ends
             _save(package, STATE.ours[package], frame)
-
-
-def _compiled_autograd() -> bool:
-    import torch._dynamo.compiled_autograd as compiled_autograd
-    import torch._dynamo.config as dynamo_config
-
-    return bool(dynamo_config.compiled_autograd or compiled_autograd.compiled_autograd_enabled)
 
 
 def _bypass_package(call: Any, self: Any, reason: str = "", **kwargs: Any) -> None:

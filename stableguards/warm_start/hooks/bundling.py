@@ -35,6 +35,42 @@ def _compile_backward(call: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
             var.reset(token)
 
 
+def _backward_with_forward(call: Any, bw_module: Any, maybe_subclass_meta: Any, fw_metadata: Any,
+                           fwd_output_strides: Any, num_symints_saved_for_bw: int, aot_config: Any,
+                           bw_compiler: Any) -> Any:
+    """Under compiled autograd, a graph of ours compiles its backward with its forward.
+
+    AOTAutograd compiles a backward graph on its first use, and saves the
+    graph's entry (and hands its artifact to the package) only then; compiled
+    autograd never uses it (it traces the backward module instead), so the
+    entry was never saved and every restart compiled the forward again.
+    Compiled now (torch's ``force_non_lazy_backward_lowering``, for this graph
+    only), the entry is saved with the backward module, which compiled autograd
+    re-traces in a restarted process as torch does for any cached entry.  The
+    AOTAutograd key is torch's: the entry is the one a first use would save.
+    A backward that cannot be compiled on its own (one that reads hooks'
+    ``BackwardState``, which only compiled autograd runs) is compiled on first
+    use as torch would, and the frame's entry is left out, named."""
+    args = (bw_module, maybe_subclass_meta, fw_metadata, fwd_output_strides, num_symints_saved_for_bw)
+    if (not STATE.bundling.get() or aot_config.force_non_lazy_backward_lowering or not compiled_autograd_on()
+            or getattr(aot_config, "cache_info", None) is None):  # no entry to save: a bypassed cache
+        return call(*args, aot_config, bw_compiler)
+    try:
+        return call.fn(*args, dataclasses.replace(aot_config, force_non_lazy_backward_lowering=True), bw_compiler)
+    except Exception as error:  # noqa: BLE001 - torch's lazy path, as without compiled autograd
+        leave_out(f"compiled autograd is on and its backward graph could not be compiled with the forward "
+                  f"({str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__:.150})")
+    return call(*args, aot_config, bw_compiler)
+
+
+def compiled_autograd_on() -> bool:
+    """Whether compiled autograd runs a backward called now (its setting or its context)."""
+    import torch._dynamo.compiled_autograd as compiled_autograd
+    import torch._dynamo.config as dynamo_config
+
+    return bool(dynamo_config.compiled_autograd or compiled_autograd.compiled_autograd_enabled)
+
+
 def _save_aot_entry(call: Any, *compiled_fns: Any) -> bool:
     """Whether AOTAutograd saves a graph's entry.  A bundled entry holds inductor's compiled
     code; for a graph with nothing to compute inductor returns the graph module's
@@ -214,6 +250,8 @@ HOOKS = [
          _bundle_autograd_entries, lazy=True),
     Hook("torch._functorch._aot_autograd.runtime_wrappers", "_AutogradBackwardCompiler.get_or_compile",
          "warm_start", _compile_backward, lazy=True),
+    Hook("torch._functorch._aot_autograd.graph_compile", "_aot_stage2b_bw_compile", "warm_start",
+         _backward_with_forward, params=("aot_config", "bw_compiler"), lazy=True),
     Hook("torch._functorch._aot_autograd.graph_compile", "_should_save_cache", "warm_start", _save_aot_entry,
          lazy=True),
     Hook(_AUTOGRAD_CACHE, "AOTAutogradCache.make_entry", "warm_start", _bundled_entry,

@@ -599,6 +599,45 @@ def test_compiled_autograd_backward_that_cannot_compile_with_its_forward(tmp_pat
            "own)" in run["explain"], run["explain"]
 
 
+DROPPED_BEFORE_BACKWARD = textwrap.dedent("""
+    import gc, json, sys, torch
+    sys.path.insert(0, sys.argv[1])
+    from _traced import TRACED
+    torch._dynamo.config.stable_guards = True
+    import stableguards
+
+    def loss(x):
+        return (x.sin() * 2).sum()
+
+    x = torch.randn(8, requires_grad=True)
+    torch.compile(loss)(x).backward()  # the compiled function, and its package, gone before the backward
+    gc.collect()
+    expected, x.grad = x.grad, None
+    loss(x).backward()
+    print(json.dumps({"ok": bool(torch.allclose(expected, x.grad)), "traced": [c.co_name for c in TRACED],
+                      "explain": stableguards.explain()}))
+""")
+
+
+def test_an_entry_waiting_for_its_backward_outlives_its_compiled_function(tmp_path):
+    """``torch.compile(fn)(x).backward()``: the compiled function (and its package) is dropped
+    before the backward compiles, which is when a training graph's entry can be saved.  The
+    entry is saved all the same, and a restart installs it."""
+    if not _warm_start_available():
+        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", DROPPED_BEFORE_BACKWARD, str(Path(__file__).parent)], env=env,
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["ok"] and cold["traced"] == ["loss"], cold
+    assert warm["ok"] and warm["traced"] == [], warm["explain"]
+
+
 CHUNKED = textwrap.dedent("""
     import json, sys, torch, torch._dynamo
     torch._dynamo.config.stable_guards = True

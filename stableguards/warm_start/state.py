@@ -45,8 +45,10 @@ class WarmStart:
         # Key digests whose lease this process holds in the shared store -> that store
         # (hooks._load): given back once the entry is saved or will not be.
         self.leases: dict[str, Any] = {}
-        # Packages whose save waits for a graph compiled later (a backward) -> the frame's name.
-        self.pending: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        # Packages whose save waits for a graph compiled later (a backward) -> what to save
+        # (hooks._Pending); and the records of such packages that are gone, still waiting.
+        self.pending: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self.orphans: list[Any] = []
         # The package whose entries are being installed (hooks._install).
         self.installing: contextvars.ContextVar[Any] = contextvars.ContextVar(
             "stableguards_warm_installing", default=None)

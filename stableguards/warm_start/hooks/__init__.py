@@ -448,33 +448,60 @@ def _retry_without_package(error: Exception) -> bool:
     return True
 
 
+@dataclasses.dataclass(eq=False)
+class _Pending:
+    """A package's entry waiting for a graph compiled later (a backward, on first use)."""
+
+    frame: str
+    ours: Ours
+    entry: Any  # the package's entry when it last compiled: its codes are the package's own
+    orphan: Any = None  # weakref.finalize: keeps this record once the package is gone
+
+
 def _save(package: Any, ours: Ours, frame: str) -> None:
+    """Save a package's entry, or keep it waiting for a graph compiled later.
+
+    A waiting entry outlives its package: ``torch.compile(fn)(x).backward()``
+    drops the compiled function, and with it the package, before the backward
+    compiles.  Its last entry (plain data: codes, serialized guards) is kept
+    and saved when the artifact arrives (``_record_artifact``)."""
+    entry = package.cache_entry()
+    if _written(entry, ours, frame) is not None:
+        if (record := STATE.pending.pop(package, None)) is not None:
+            record.orphan.detach()
+        return
+    record = STATE.pending.get(package)
+    if record is None:
+        if bundling.compiled_autograd_on():
+            # The backward was not compiled with the forward (bundling._backward_with_forward
+            # names why): compiled autograd traces the backward itself, so no artifact
+            # will come.  Nobody should wait for it.
+            messages.left_out(frame, "compiled autograd is on and AOTAutograd saved no entry for a graph of "
+                                     "this frame; compiled autograd never compiles the backward it would wait for")
+            _release_lease(ours.key.digest)
+        else:
+            messages.pending(frame)
+            _shorten_lease(ours.key.digest)
+        record = STATE.pending[package] = _Pending(frame, ours, entry)
+        record.orphan = weakref.finalize(package, STATE.orphans.append, record)
+        record.orphan.atexit = False
+    record.entry, record.frame = entry, frame
+
+
+def _written(entry: Any, ours: Ours, frame: str) -> bool | None:
+    """Write ``entry`` to the store: whether it was written (False: nothing to save, or it
+    cannot be); None while a graph's artifact is still to come."""
     from torch._dynamo.precompile_context import PrecompileContext
 
-    entry = package.cache_entry()
     if not any(code.guarded_codes for code in entry.codes):
-        return
+        return False
     if unsaveable := [STATE.unsaveable[bid] for bid in entry.backend_ids if bid in STATE.unsaveable]:
-        STATE.pending.pop(package, None)
-        messages.left_out(frame, f"a backward compiled on first use cannot be saved: "
-                                                      f"{unsaveable[0]}")
-        return
+        messages.left_out(frame, f"a backward compiled on first use cannot be saved: {unsaveable[0]}")
+        return False
     if any(PrecompileContext.serialize_artifact_by_key(bid) is None for bid in entry.backend_ids):
         # A training graph's AOTAutograd entry exists once its backward has
         # compiled, on first use: saved then (_record_artifact).
-        if package not in STATE.pending:
-            if bundling.compiled_autograd_on():
-                # The backward was not compiled with the forward (bundling._backward_with_forward
-                # names why): compiled autograd traces the backward itself, so no artifact
-                # will come.  Nobody should wait for it.
-                messages.left_out(frame, "compiled autograd is on and AOTAutograd saved no entry for a graph of "
-                                         "this frame; compiled autograd never compiles the backward it would wait for")
-                _release_lease(ours.key.digest)
-            else:
-                messages.pending(frame)
-                _shorten_lease(ours.key.digest)
-        STATE.pending[package] = frame
-        return
+        return None
     try:
         data = _entry_bytes(entry)
         store, name = _entries(), ours.key.digest
@@ -488,12 +515,12 @@ def _save(package: Any, ours: Ours, frame: str) -> None:
             store_messages.warn_unwritable("a compiled entry", _entries().describe(), error)
         messages.left_out(frame, f"not saved ({error!s:.200})")
         _release_lease(ours.key.digest)
-        return
-    STATE.pending.pop(package, None)
+        return False
     _release_lease(ours.key.digest)
     messages.saved()
     STATE.saved_here.add(ours.key.digest)
     write_index(cache_subdir("warm_start"), ours.key, ours.code)
+    return True
 
 
 def _entry_bytes(entry: Any) -> bytes:
@@ -518,9 +545,12 @@ def _record_artifact(call: Any, cls: Any, artifact: Any) -> None:
     """A graph's compiled artifact arrived (a backward, compiled on first use): save the
     packages that waited for one."""
     call(cls, artifact)
-    for package, frame in list(STATE.pending.items()):
+    for package, record in list(STATE.pending.items()):
         if package.current_entry is None:  # one being compiled is saved when its compile ends
-            _save(package, STATE.ours[package], frame)
+            _save(package, record.ours, record.frame)
+    for record in list(STATE.orphans):  # their packages are gone: their last entries
+        if _written(record.entry, record.ours, record.frame) is not None:
+            STATE.orphans.remove(record)
 
 
 def _bypass_package(call: Any, self: Any, reason: str = "", **kwargs: Any) -> None:

@@ -48,9 +48,11 @@ def _backward_with_forward(call: Any, bw_module: Any, maybe_subclass_meta: Any, 
     only), the entry is saved with the backward module, which compiled autograd
     re-traces in a restarted process as torch does for any cached entry.  The
     AOTAutograd key is torch's: the entry is the one a first use would save.
-    A backward that cannot be compiled on its own (one that reads hooks'
-    ``BackwardState``, which only compiled autograd runs) is compiled on first
-    use as torch would, and the frame's entry is left out, named."""
+    A graph whose cache torch bypasses (hooks registered in the compiled
+    region: ``BackwardState``, which only compiled autograd runs) has no entry
+    to save and is left as it is.  A backward that fails to compile now is
+    compiled on first use, as torch would, and the frame's entry is left out,
+    named."""
     args = (bw_module, maybe_subclass_meta, fw_metadata, fwd_output_strides, num_symints_saved_for_bw)
     if (not STATE.bundling.get() or aot_config.force_non_lazy_backward_lowering or not compiled_autograd_on()
             or getattr(aot_config, "cache_info", None) is None):  # no entry to save: a bypassed cache
@@ -58,8 +60,8 @@ def _backward_with_forward(call: Any, bw_module: Any, maybe_subclass_meta: Any, 
     try:
         return call.fn(*args, dataclasses.replace(aot_config, force_non_lazy_backward_lowering=True), bw_compiler)
     except Exception as error:  # noqa: BLE001 - torch's lazy path, as without compiled autograd
-        leave_out(f"compiled autograd is on and its backward graph could not be compiled with the forward "
-                  f"({str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__:.150})")
+        why = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+        leave_out(f"compiled autograd is on and its backward graph could not be compiled with the forward ({why:.150})")
     return call(*args, aot_config, bw_compiler)
 
 

@@ -139,3 +139,20 @@ def test_hooks_rebuilt_every_step_recompile_only_with_the_flag_off(fresh_dynamo,
                 torch.testing.assert_close(got, x.grad, rtol=5e-2, atol=5e-2)
                 x.grad = None
     assert counters["stats"]["unique_graphs"] == (2 if flag else 4)
+
+
+@pytest.mark.parametrize("reason, fix", [
+    ("Unsupported call_function target torch._dynamo.compiled_autograd.ops.validate_outputs. ",
+     "nothing in your code changes it"),
+    ("Unsupported call_function target <function TensorVariable._method_register_hook.<locals>."
+     "_register_hook_trampoline at 0x7f00>. ", "registered before the call"),
+    ("Unsupported call_function target <function make.<locals>.f at 0x7f00>. ", "make it a module-level function"),
+])
+def test_a_bypass_is_named_with_the_fix_for_its_reason(reason, fix):
+    import stableguards
+    from stableguards.autograd_cache import messages
+
+    stableguards.reset()
+    messages.bypassed("f (x.py:1)", reason)
+    assert fix in stableguards.explain()
+    stableguards.reset()

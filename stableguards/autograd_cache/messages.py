@@ -13,6 +13,9 @@ _FIXES = (
                                                 "call such functions), which torch refuses to cache for "
                                                 "reasons an identity does not answer: nothing in your code "
                                                 "changes it"),
+    ("Unsupported call_function target <function TensorVariable._method_register_hook.",
+     "torch calls a tensor hook registered inside the compiled function through a trampoline of its own, "
+     "which its cache refuses: a hook on a tensor the function receives can be registered before the call"),
     ("Unsupported call_function", "the function called (or a global it reads) has no identity across "
                                   "processes (a closure over an object without one, code made by exec): make "
                                   "it a module-level function, or mark it with `torch.fx.wrap` and set a "

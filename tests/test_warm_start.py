@@ -447,6 +447,20 @@ def test_a_kernel_missing_from_the_cache_dir_is_built_again_on_load(tmp_path):
     assert warm["cases"]["kernel"] == {"matches": True, "frames": 0, "counting_calls": 0}, warm["explain"]
     assert all(kernel.exists() for kernel in kernels)
 
+def _cold_then_warm(script: str, cache: Path) -> list[dict]:
+    """``script`` (given the tests' directory) in a cold process, then a warm one on the same
+    cache dir: what each printed last, as JSON."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache))
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent)], env=env,
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return runs
+
+
 NOTHING_TO_COMPUTE = textwrap.dedent("""
     import json, sys, torch
     sys.path.insert(0, sys.argv[1])
@@ -478,15 +492,7 @@ def test_a_graph_with_nothing_to_compute_starts_warm(tmp_path):
     nothing."""
     if not _warm_start_available():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
-    runs = []
-    for _ in range(2):
-        proc = subprocess.run([sys.executable, "-c", NOTHING_TO_COMPUTE, str(Path(__file__).parent)], env=env,
-                              capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    cold, warm = runs
+    cold, warm = _cold_then_warm(NOTHING_TO_COMPUTE, tmp_path)
     assert cold["ok"] and "torch_dynamo_resume_in_infer_at_12" in cold["traced"], cold
     assert warm["ok"] and warm["traced"] == [], warm["explain"]
 
@@ -531,15 +537,7 @@ def test_compiled_autograd_step_starts_warm(tmp_path):
     compiled autograd's own graph) and compiled autograd re-traces the saved module."""
     if not _warm_start_available():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
-    runs = []
-    for _ in range(2):
-        proc = subprocess.run([sys.executable, "-c", COMPILED_AUTOGRAD, str(Path(__file__).parent)], env=env,
-                              capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    cold, warm = runs
+    cold, warm = runs = _cold_then_warm(COMPILED_AUTOGRAD, tmp_path)
     for run in runs:
         assert run["ok"] and "fallbacks" not in run["explain"], run["explain"]
         assert "entry saved once all its graphs are compiled" not in run["explain"], run["explain"]
@@ -625,15 +623,7 @@ def test_an_entry_waiting_for_its_backward_outlives_its_compiled_function(tmp_pa
     entry is saved all the same, and a restart installs it."""
     if not _warm_start_available():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
-    runs = []
-    for _ in range(2):
-        proc = subprocess.run([sys.executable, "-c", DROPPED_BEFORE_BACKWARD, str(Path(__file__).parent)], env=env,
-                              capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    cold, warm = runs
+    cold, warm = _cold_then_warm(DROPPED_BEFORE_BACKWARD, tmp_path)
     assert cold["ok"] and cold["traced"] == ["loss"], cold
     assert warm["ok"] and warm["traced"] == [], warm["explain"]
 

@@ -497,6 +497,19 @@ def test_a_graph_with_nothing_to_compute_starts_warm(tmp_path):
     assert warm["ok"] and warm["traced"] == [], warm["explain"]
 
 
+# A training step under compiled autograd, and its eager twin, for the child scripts below.
+_TRAINING_STEP = textwrap.dedent("""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    twin = copy.deepcopy(model)
+
+    def step(m, x):
+        loss = m(x).pow(2).mean()
+        loss.backward()
+        return loss.detach()
+""")
+
+
 COMPILED_AUTOGRAD = textwrap.dedent("""
     import copy, json, sys, torch
     torch._dynamo.config.stable_guards = True
@@ -507,14 +520,7 @@ COMPILED_AUTOGRAD = textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     from _traced import TRACED
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
-    twin = copy.deepcopy(model)
-
-    def step(m, x):
-        loss = m(x).pow(2).mean()
-        loss.backward()
-        return loss.detach()
+""") + _TRAINING_STEP + textwrap.dedent("""
 
     compiled = torch.compile(step)
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
@@ -564,14 +570,7 @@ BACKWARD_FAILS_ALONE = textwrap.dedent("""
             return copy.deepcopy(obj, *args)
 
     graph_compile.copy = FailingCopy()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
-    twin = copy.deepcopy(model)
-
-    def step(m, x):
-        loss = m(x).pow(2).mean()
-        loss.backward()
-        return loss.detach()
+""") + _TRAINING_STEP + textwrap.dedent("""
 
     x = torch.randn(4, 8)
     ok = bool(torch.allclose(torch.compile(step)(model, x), step(twin, x)))

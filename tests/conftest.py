@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -22,6 +25,45 @@ def fresh_stableguards_state(tmp_path_factory, monkeypatch):
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     stableguards.reset()
+
+
+_POPEN_INIT = subprocess.Popen.__init__
+
+
+@functools.cache
+def _cpu_probe() -> list[tuple[str, str]]:
+    """Inductor's probe of this CPU's vector ISA (``pick_vec_isa``: test programs compiled
+    and loaded, about 6 s in a new cache dir), made once per test process in a cache dir of
+    its own: (path relative to it, absolute path) of each file it wrote; none if it failed."""
+    probe = tempfile.mkdtemp(prefix="stableguards-cpu-probe-")
+    atexit.register(shutil.rmtree, probe, ignore_errors=True)
+    code = "from torch._inductor.cpu_vec_isa import pick_vec_isa; pick_vec_isa()"
+    proc = subprocess.Popen.__new__(subprocess.Popen)
+    _POPEN_INIT(proc, [sys.executable, "-c", code], env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": probe},
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if proc.wait() != 0:
+        return []
+    return [(os.path.relpath(os.path.join(root, name), probe), os.path.join(root, name))
+            for root, _, names in os.walk(probe) for name in names]
+
+
+@pytest.fixture(autouse=True)
+def probed_cpu_in_children_cache_dirs(monkeypatch):
+    """A child process's cache dir holds inductor's probe of the CPU, as a machine's cache dir
+    does after its first compile: every cold child would otherwise probe again (about 6 s).
+    Only the probe, and only files missing there: torch's caches and stableguards' start as
+    the test made them."""
+    def seeded(self, args, *rest, env=None, **kwargs):
+        cache = (os.environ if env is None else env).get("TORCHINDUCTOR_CACHE_DIR")
+        if cache:
+            for relative, source in _cpu_probe():
+                target = os.path.join(cache, relative)
+                if not os.path.exists(target):
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    shutil.copy2(source, target)
+        _POPEN_INIT(self, args, *rest, env=env, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", seeded)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import types
+import weakref
 from pathlib import Path
 
 import pytest
@@ -28,8 +29,9 @@ from stableguards.warm_start.guard_rules import (
     rule_for,
     unproven,
 )
-from stableguards.warm_start.identity import Identities, identity
+from stableguards.warm_start.identity import Identities, by_state, identity
 from stableguards.warm_start.proof import Proof, Recheck, check
+from stableguards.warm_start.state import Binding
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -84,6 +86,7 @@ def test_identity_tells_apart_what_a_compile_can_and_only_that():
     assert identity(_Color.RED).startswith("enum:class:")
     assert identity((1, "a", None, 2.5)) == identity((1, "a", None, 2.5)) != identity((1, "a", None, 2.0))
     assert identity({"b": 1, "a": 2}) == identity({"a": 2, "b": 1})
+    assert identity(weakref.ref(_Child)) == f"weakref({identity(_Child)})"  # what it refers to
 
 
 def test_identity_has_no_answer_where_nothing_names_the_object_elsewhere():
@@ -144,6 +147,59 @@ def test_decorating_context_managers_and_stateless_containers_have_an_identity()
     assert identity(contextlib.nullcontext()) is None  # not a decorator kind
     assert identity(immutable_dict(a=1)) == identity(immutable_dict(a=1)) != identity(immutable_dict(a=2))
     assert identity(immutable_dict(a=1)) != identity({"a": 1})  # its class's code is part of it
+
+
+def _halve_grads(optimizer, args, kwargs):
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            p.grad.mul_(0.5)
+
+
+def _sgd(shapes=((4, 3), (3,)), optimizer="SGD", **options):
+    import torch
+
+    params = [torch.nn.Parameter(torch.randn(shape)) for shape in shapes]
+    return getattr(torch.optim, optimizer)(params, **{"lr": 0.01, **options})
+
+
+def test_an_optimizer_is_its_class_and_what_it_holds_its_tensors_by_metadata():
+    """Dynamo checks an optimizer by id, which another process cannot; what a compile can tell
+    of it is its class, its hyperparameters, its hooks and its tensors' metadata (their values
+    are data: a compile reads them as guarded inputs)."""
+    import torch
+
+    assert by_state(_sgd()) and not by_state(_double) and not by_state(torch.ones(2))
+    assert identity(_sgd()) == identity(_sgd()) is not None  # other tensors, other values
+    hooked = _sgd()
+    hooked.register_step_pre_hook(_halve_grads)
+    for changed in (_sgd(lr=0.02), _sgd(momentum=0.9), _sgd(optimizer="Adam"), _sgd(shapes=((3, 4), (3,))),
+                    _sgd(shapes=((4, 3),)), hooked):
+        assert identity(changed) not in (None, identity(_sgd()))
+    scheduled = _sgd()
+    torch.optim.lr_scheduler.StepLR(scheduled, 1)  # wraps its step, through a weak reference to it
+    assert identity(scheduled) not in (None, identity(_sgd()))
+    stepped = _sgd(momentum=0.9)
+    for p in stepped.param_groups[0]["params"]:
+        p.grad = torch.ones_like(p)
+    stepped.step()  # momentum buffers in its state
+    assert identity(stepped) not in (None, identity(_sgd(momentum=0.9)))
+    # Tensors are described by metadata inside an optimizer only: elsewhere their values may be
+    # what a function reads.
+    assert identity(torch.ones(2)) is None and identity(_make(torch.ones(2))) is None
+
+
+def test_an_id_check_bound_on_first_call_checks_that_object_while_it_lives():
+    import torch
+
+    binding = Binding()
+    first, second = _sgd(), _sgd()
+    assert binding.passes(first) and binding.passes(second)  # unbound: its entry has not served yet
+    assert binding.bind(first) and not binding.bind(second)
+    assert binding.passes(first) and not binding.passes(second)
+    del first
+    assert not binding.passes(second) and not binding.bind(second)  # the object it checked is gone
+    with pytest.raises(TypeError):
+        Binding().bind(torch.Size([2]))  # no weak reference: the caller refuses the proof
 
 
 def test_a_cycle_names_the_object_instead_of_recursing():

@@ -90,6 +90,12 @@ LAMBDA_RULES: dict[str, Rule] = {
     "torch._functorch.pyfunctorch.compare_functorch_state(": Rule(
         Check.SAME, "the functorch interpreter states are printed and rebuilt from the saved layers"),
 }
+# The text of stableguards' own id check bound on the entry's first call
+# (hooks.guards.ID_ON_FIRST_CALL), as a string literal (torch evaluates a failed guard's
+# code to name it).  Its fact is the ID_MATCH it stands for, written once the proof has
+# bound it (hooks.proofs); a live tree never holds one.
+FIRST_CALL = "stableguards: bound on the entry's first call #"
+FIRST_CALLS_OBJECT = "<the object of its first call>"  # where the proof writes the bound object's id
 _REFUSED = Rule(Check.REFUSE, "no rule for this kind: what it proves in another process is not known")
 
 

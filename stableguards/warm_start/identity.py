@@ -28,7 +28,17 @@ leaves the entry out rather than trust a name.
   identity holds, so a method patched in one process and not in the other
   changes the class's identity; class attributes that are values are guarded
   by Dynamo when a compile reads them;
-* a bound method, ``functools.partial``, an enum member: their parts;
+* a bound method, ``functools.partial``, an enum member: their parts; a weak
+  reference by what it refers to (code that holds one uses that object while
+  it lives: an lr scheduler's wrapper of ``optimizer.step``);
+* an optimizer (``torch.optim.Optimizer``): its class and its state (param
+  groups with their hyperparameters, per-parameter state, hooks), tensors in
+  it by dtype, shape, strides, device and requires_grad.  Dynamo checks an
+  optimizer by id and then reads what it uses of it through guarded sources
+  (a tensor it reads is a graph input it guards, or a static address it
+  checks by id, which has no identity here and leaves the entry out), so the
+  state says which optimizer it is to a compile, and its tensors' values are
+  data.  Another process cannot check an id: see ``by_state``;
 * a few torch value types whose ``repr`` is their whole value (dtypes,
   devices, operators by qualified name), told apart by type name so that this
   module needs no torch.
@@ -42,6 +52,7 @@ import enum
 import functools
 import sys
 import types
+import weakref
 from typing import Any
 
 from stableguards.codes import code_digest, qualified, resolve
@@ -63,6 +74,8 @@ class _Empty:
 
 
 _EMPTY = _Empty()
+_OPTIMIZER = "torch.optim.optimizer.Optimizer"
+_TENSOR = "torch._C.TensorBase"
 _CONSTANTS = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis), type(NotImplemented), _Empty)
 # C-level callables of classes: a method descriptor names its class and itself.
 _DESCRIPTORS = (types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType,
@@ -75,6 +88,13 @@ def identity(obj: Any) -> str | None:
     return Identities()(obj)
 
 
+def by_state(obj: Any) -> bool:
+    """Whether ``obj``'s identity is what it holds (an optimizer), not a name another process
+    imports: an id check on it is bound, in another process, to the object found on the
+    call the entry first serves, once its identity is proved there."""
+    return _is_a(type(obj), _OPTIMIZER)
+
+
 class Identities:
     """``identity`` for many objects in a row (one guard tree): a class described once.
 
@@ -85,7 +105,8 @@ class Identities:
     computed: asked at the top, or naming no cycle.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tensors: bool = False) -> None:
+        self._tensors = tensors  # tensors by their metadata: only inside an optimizer's state
         self._open: dict[int, Any] = {}
         self._done: dict[int, tuple[Any, str | None]] = {}
         self._cycles = 0  # how many cycles were named so far
@@ -162,12 +183,22 @@ class Identities:
         if isinstance(obj, property):
             parts = self._all((obj.fget, obj.fset, obj.fdel))
             return None if parts is None else f"property({', '.join(parts)})"
+        if kind is weakref.ref:
+            referent = obj()
+            if referent is None:
+                return "weakref(dead)"
+            described = self.describe(referent)
+            return None if described is None else f"weakref({described})"
         if isinstance(obj, functools.partial):
             parts = self._all((obj.func, obj.args, obj.keywords))
             return None if parts is None else f"partial({', '.join(parts)})"
         if isinstance(obj, enum.Enum):
             owner = self.describe(kind)
             return None if owner is None else f"enum:{owner}.{obj.name}"
+        if by_state(obj):
+            return self._optimizer(obj)
+        if self._tensors and _is_a(kind, _TENSOR):
+            return _tensor(obj)
         if isinstance(obj, (tuple, list, frozenset, set, dict)) and not getattr(obj, "__dict__", None):
             # A container subclass with no instance state (torch.fx's immutable_dict): what its
             # class does, and its items.
@@ -208,6 +239,18 @@ class Identities:
             return None
         details = f"{code_digest(fn.__code__)}:defaults={parts[0]}:kwdefaults={parts[1]}:closure={parts[2]}"
         return f"function:{home}.{fn.__qualname__}#{_digest(details)}"
+
+    def _optimizer(self, optimizer: Any) -> str | None:
+        """Its class, and everything it holds, tensors by metadata.  Described apart (its own
+        Identities): a tensor is described by metadata only here, never where a value of
+        it could be what a function reads."""
+        owner = self.describe(type(optimizer))
+        if owner is None:
+            return None
+        inner = Identities(tensors=True)
+        inner._open[id(optimizer)] = optimizer  # a hook bound to it names it as a cycle
+        held = inner.describe(vars(optimizer))
+        return None if held is None else f"optimizer:{owner}#{_digest(held)}"
 
     def _class(self, cls: type) -> str | None:
         if not _importable(cls):
@@ -277,6 +320,19 @@ def _importable(cls: type) -> bool:
         return resolve(cls.__module__, cls.__qualname__) is cls
     except (KeyError, AttributeError):
         return False
+
+
+def _is_a(cls: type, name: str) -> bool:
+    return any(qualified(k) == name for k in cls.__mro__)
+
+
+def _tensor(tensor: Any) -> str | None:
+    """A tensor by what a compile sees of it without reading its values."""
+    try:
+        return (f"tensor:{_type_name(tensor)}({tensor.dtype}, {tuple(tensor.shape)}, {tensor.stride()}, "
+                f"{tensor.device}, requires_grad={tensor.requires_grad})")
+    except Exception:  # noqa: BLE001 - a sparse or otherwise strideless tensor: no identity
+        return None
 
 
 def _digest(details: str) -> str:

@@ -4,6 +4,7 @@ compile under way for a saved entry (context variables: per thread)."""
 from __future__ import annotations
 
 import contextvars
+import itertools
 import weakref
 from typing import Any
 
@@ -63,6 +64,9 @@ class WarmStart:
         # What tracing the frame being compiled for a saved entry read beyond its guards
         # (hooks.proofs.Traced); None outside such a compile.
         self.traced: contextvars.ContextVar[Any] = contextvars.ContextVar("stableguards_warm_traced", default=None)
+        # Loaded id checks bound on their entry's first call (hooks.guards.ID_ON_FIRST_CALL),
+        # by token, while their guard trees live.
+        self.bindings: weakref.WeakValueDictionary[int, Binding] = weakref.WeakValueDictionary()
 
     def drop_loaded(self, package: Any = None) -> None:
         """Forget the loaded entries of ``package`` (of every package if None)."""
@@ -86,6 +90,27 @@ class WarmStart:
         self.saved_here.clear()
         self.contexts.clear()
         self.installed.clear()
+
+
+class Binding:
+    """The object a loaded id check checks: none until its entry's proof binds it, on the
+    call the entry first serves (``hooks.proofs``).  Held weakly, as Dynamo's id checks
+    on an optimizer are backed by a weak reference: an object that is gone fails it."""
+
+    _tokens = itertools.count()
+
+    def __init__(self) -> None:
+        self.token = next(self._tokens)
+        self._ref: weakref.ref | None = None
+
+    def bind(self, obj: Any) -> bool:
+        """Bind to ``obj`` unless bound; whether it now checks ``obj``."""
+        if self._ref is None:
+            self._ref = weakref.ref(obj)
+        return self._ref() is obj
+
+    def passes(self, obj: Any) -> bool:
+        return self._ref is None or self._ref() is obj
 
 
 STATE = WarmStart()

@@ -286,6 +286,7 @@ def _initialize(package: Any, target: Any, entry: Any, code: Any, key: Component
 
 def _install(package: Any, backends: Any) -> None:
     """Install a package's entries (``_keep_loaded`` receives each).  A failure warns once."""
+    _drop_unfound(package)
     token = STATE.installing.set(package)
     try:
         package.install(backends)
@@ -295,6 +296,28 @@ def _install(package: Any, backends: Any) -> None:
         raise
     finally:
         STATE.installing.reset(token)
+
+
+def _drop_unfound(package: Any) -> None:
+    """Leave out the entries of frames whose code is not where the cold process found it.
+
+    torch finds a frame's code again by the path it took in the cold process
+    (``SGD.step`` through the wrapper ``Optimizer`` puts on the class when the
+    first optimizer is made), and fails the whole install where it is not
+    there yet (``torch.compile(step)`` before the optimizer is made).  Such a
+    frame, called as a function, is compiled as usual when it runs: the other
+    frames' entries serve without it."""
+    from torch._dynamo.package import PackageError, _lookup_code
+
+    main = package._innermost_fn.__code__
+    for code, entry in list(package._codes.items()):
+        if code is main or not entry.code_source:
+            continue
+        try:
+            _lookup_code(entry)
+        except PackageError:
+            del package._codes[code]
+            messages.not_used(frame_label(code), f"its code is not at {entry.code_source!r} here yet")
 
 
 def _claim(code: Any, digest: str | None) -> bool:

@@ -15,9 +15,10 @@ from typing import Any
 
 from stableguards.codes import code_at, code_path
 from stableguards.hooks.core import Hook, TorchError
-from stableguards.warm_start.guard_rules import Unprovable
+from stableguards.warm_start.guard_rules import FIRST_CALL, FIRST_CALLS_OBJECT, Unprovable
 from stableguards.warm_start.hooks import proofs
-from stableguards.warm_start.state import STATE
+from stableguards.warm_start.identity import by_state
+from stableguards.warm_start.state import STATE, Binding
 
 _PACKAGE = "torch._dynamo.package"
 
@@ -70,7 +71,7 @@ def _serialize_guards(call: Any, self: Any, builder: Any, sorted_guards: list, o
                                       f"process for it, which a restarted process would not have"))
     saved = []
     for guard in sorted_guards:
-        replacement = _replacement(guard)
+        replacement = _replacement(guard, builder)
         if replacement is not None:
             _keep_builtin(self, guard, output_graph)
             guard = dataclasses.replace(guard, create_fn=replacement, guard_types=None)
@@ -290,15 +291,30 @@ def _reduce_code(call: Any, self: Any, obj: Any) -> Any:
     """The guard pickler saves a local function's code object by its path from an
     importable function (``warm_start.code_path``), so a restarted process gets
     the code object its live functions share, and an identity check on
-    ``fn.__code__`` (``CLOSURE_BY_NAME``) can pass there.  Other objects, and
-    code without such a path, are pickled as torch pickles them (by value, a
-    fresh code object that no live function runs: that check never passes).
-    Other packages' guards are pickled as torch pickles them."""
+    ``fn.__code__`` (``CLOSURE_BY_NAME``) can pass there; and an optimizer as
+    the attributes it holds.  Other objects, and code without such a path, are
+    pickled as torch pickles them (code by value, a fresh code object that no
+    live function runs: that check never passes).  Other packages' guards are
+    pickled as torch pickles them."""
     if isinstance(obj, types.CodeType) and STATE.frame.get() is not None:
         path = code_path(obj)
         if path is not None:
             return code_at, path
+    if STATE.frame.get() is not None and by_state(obj):
+        # An optimizer, as what it holds, without its own __setstate__: Adam's reads each
+        # parameter's step count, which torch's pickler prunes where no guard reads it.
+        # The rebuilt guards read it along their sources; its id check is bound on the
+        # first call (ID_ON_FIRST_CALL).
+        return _new_object, (type(obj),), vars(obj), None, None, _set_attributes
     return call(self, obj)
+
+
+def _new_object(cls: type) -> Any:
+    return cls.__new__(cls)
+
+
+def _set_attributes(obj: Any, attributes: dict) -> None:
+    obj.__dict__.update(attributes)
 
 
 def _keep_builtin(manager: Any, guard: Any, output_graph: Any) -> None:
@@ -313,10 +329,14 @@ def _keep_builtin(manager: Any, guard: Any, output_graph: Any) -> None:
         manager.used_builtin_vars.add(source.index)
 
 
-def _replacement(guard: Any) -> Any:
+def _replacement(guard: Any, builder: Any) -> Any:
     """The by-name builder method for an identity guard; whether the rebuilt check proves
-    what this one did is checked on the trees (``_serialize_guards``), not assumed."""
+    what this one did is checked on the trees (``_serialize_guards``), not assumed.  An id
+    check on an object whose identity is its state (``identity.by_state``: an optimizer)
+    is bound on the entry's first call (``ID_ON_FIRST_CALL``)."""
     kind = guard.create_fn_name()
+    if kind == "ID_MATCH" and set(guard.guard_types or ()) <= {kind} and by_state(builder.get(guard)):
+        return ID_ON_FIRST_CALL
     # An id check is what MODULE_MATCH and CLASS_MATCH run; CLOSURE_MATCH must not fall back to one.
     if kind not in _REPLACEMENTS or not set(guard.guard_types or ()) <= {kind, *_ID_CHECKS.get(kind, ())}:
         return None
@@ -339,6 +359,26 @@ CLOSURE_BY_NAME = _same_check_as("CLOSURE_MATCH")
 CONSTANT_BY_NAME = _same_check_as("CONSTANT_MATCH")
 ID_BY_NAME = _same_check_as("ID_MATCH")
 FUNCTION_BY_NAME = _same_check_as("FUNCTION_MATCH")
+
+
+def ID_ON_FIRST_CALL(builder: Any, guard: Any) -> None:  # noqa: N802 - named as torch's builder methods
+    """An id check, in another process, on an object that no name finds there (an
+    optimizer): bound to the object at its source on the call the entry first
+    serves, when the entry's proof shows that object's identity is the cold one's
+    (``proofs`` binds it, ``identity.by_state`` describes it).  Until then it passes, and
+    nothing is served before the proof: a loaded entry serves only once its proof holds.
+    From then on it checks that object, as the cold compile's id check did; what the
+    cold compile saw of it, the proof compared."""
+    from torch._dynamo.guards import _safe_type_repr
+
+    binding = Binding()
+    STATE.bindings[binding.token] = binding
+    type_repr = _safe_type_repr(type(builder.get(guard)))
+    code = f"___check_obj_id({builder.arg_ref(guard)}, {FIRST_CALLS_OBJECT}), type={type_repr}"
+    text = f"{FIRST_CALL}{binding.token}: {code}"
+    builder.get_guard_manager(guard).add_lambda_guard(binding.passes, [repr(text)], guard.user_stack)
+
+
 _REPLACEMENTS = {"MODULE_MATCH": MODULE_BY_NAME, "CLASS_MATCH": CLASS_BY_NAME, "CLOSURE_MATCH": CLOSURE_BY_NAME,
                  "FUNCTION_MATCH": FUNCTION_BY_NAME, "ID_MATCH": ID_BY_NAME, "CONSTANT_MATCH": CONSTANT_BY_NAME}
 # A CONSTANT_MATCH is an id check only for a code object (a traced read of ``f.__code__``);

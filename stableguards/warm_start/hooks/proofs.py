@@ -17,6 +17,7 @@ guard sources, the process's ambient state.  It hooks nothing;
 from __future__ import annotations
 
 import builtins
+import ast
 import contextlib
 import os
 import sys
@@ -42,9 +43,19 @@ from stableguards.warm_start.facts import (
     unshadowed_builtins,
     untraced_reads,
 )
-from stableguards.warm_start.guard_rules import Check, Fact, Unprovable, code_of, fact, rule_for
+from stableguards.warm_start.guard_rules import (
+    FIRST_CALL,
+    FIRST_CALLS_OBJECT,
+    Check,
+    Fact,
+    Unprovable,
+    code_of,
+    fact,
+    rule_for,
+)
 from stableguards.warm_start.identity import Identities, module_of_globals
 from stableguards.warm_start.proof import Proof, Recheck, check
+from stableguards.warm_start.state import STATE
 
 _NN_MODULE = "torch.nn.modules.module"
 
@@ -184,8 +195,39 @@ def _fact(leaf: Leaf, value: Callable[[str], Any], identities: Identities, state
         raise Unprovable(f"{leaf.kind} on {leaf.source}: checks {code!r}, the process holds {ambient!r}")
     if leaf.kind == "TORCH_FUNCTION_MODE_STACK":
         return fact(leaf.source, leaf.kind, leaf.parts, value=state.mode_types, identity=identities)
+    if leaf.kind == "LAMBDA_GUARD" and (text := _first_call_text(code)) is not None:
+        return _first_call_fact(leaf.source, text, value, identities)
     return fact(leaf.source, leaf.kind, leaf.parts, value=lambda: value(leaf.source), identity=identities,
                 ambient=ambient)
+
+
+def _first_call_text(code: str) -> str | None:
+    """The text of an id check bound on its entry's first call (a string literal), or None."""
+    if not code.startswith(("'", '"')):
+        return None
+    with contextlib.suppress(ValueError, SyntaxError):
+        text = ast.literal_eval(code)
+        if isinstance(text, str) and text.startswith(FIRST_CALL):
+            return text
+    return None
+
+
+def _first_call_fact(source: str, text: str, value: Callable[[str], Any], identities: Identities) -> Fact:
+    """A loaded id check bound on its entry's first call (``guards.ID_ON_FIRST_CALL``):
+    bound here to the object at its source on this call, whose proof is being checked,
+    and written as the ID_MATCH it stands for.  The proof then compares that object's
+    identity with the cold one's; if it differs, the entry never serves."""
+    token, _, template = text.removeprefix(FIRST_CALL).partition(": ")
+    binding = STATE.bindings.get(int(token))
+    obj = value(source)
+    try:
+        bound = binding is not None and binding.bind(obj)
+    except TypeError:  # no weak reference to it
+        bound = False
+    if not bound:
+        raise Unprovable(f"{source}: its id check is bound to another object")
+    return fact(source, "ID_MATCH", [template.replace(FIRST_CALLS_OBJECT, str(id(obj)))], value=lambda: obj,
+                identity=identities)
 
 
 def _ambient(kind: str, code: str) -> str | None:

@@ -1,0 +1,93 @@
+"""The grammar of the optimizer warm-start campaign (tests/test_optimizer_campaign.py).
+
+A case is a training step (forward, ``loss.backward()``, ``opt.step()``,
+``opt.zero_grad()``), a function of its own, and the optimizer it runs in the
+cold process and in the warm one: its class, learning rate, one option, a
+step hook, one or two param groups, an lr scheduler, and whether the warm
+process makes another optimizer object from the second step on.  At most one of them
+changes between the processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+
+OPTIMIZERS = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad")
+OPTIONS = ("none", "momentum", "weight_decay", "maximize")
+HOOKS = ("none", "pre", "post")  # pre: halves every gradient; post: does nothing
+LRS = (0.01, 0.05)
+
+
+@dataclass(frozen=True)
+class Config:
+    optimizer: str = "SGD"
+    lr: float = 0.01
+    option: str = "none"
+    hook: str = "none"
+    groups: int = 1
+    scheduler: bool = False  # an lr scheduler (StepLR, halving) stepped after each step
+    rebuilt: bool = False  # another optimizer object, made as the first was, from the second step
+
+
+@dataclass(frozen=True)
+class OptimizerCase:
+    name: str
+    cold: Config
+    warm: Config
+
+    def change(self) -> str:
+        """The field that differs between the processes, or "none"."""
+        return next((f.name for f in dataclasses.fields(Config)
+                     if getattr(self.cold, f.name) != getattr(self.warm, f.name)), "none")
+
+    def observable(self) -> bool:
+        """Whether the change must show in the eager results (three steps, rounded): a hook
+        that does nothing and another object made the same way need not."""
+        change = self.change()
+        if change == "hook":
+            return "pre" in (self.cold.hook, self.warm.hook)
+        if change == "option":
+            return "maximize" in (self.cold.option, self.warm.option)
+        return change in ("optimizer", "lr", "groups", "scheduler")
+
+
+_CHOICES = {"optimizer": OPTIMIZERS, "lr": LRS, "option": OPTIONS, "hook": HOOKS, "groups": (1, 2),
+            "scheduler": (False, True), "rebuilt": (False, True)}
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> Config:
+    return Config(**{name: draw(st.sampled_from(values)) for name, values in _CHOICES.items() if name != "rebuilt"})
+
+
+@st.composite
+def optimizer_cases(draw: st.DrawFn) -> OptimizerCase:
+    cold = draw(configs())
+    field = draw(st.one_of(st.none(), st.sampled_from(sorted(_CHOICES))))  # about a third unchanged
+    warm = cold
+    if field is not None:
+        other = [v for v in _CHOICES[field] if v != getattr(cold, field)]
+        warm = dataclasses.replace(cold, **{field: draw(st.sampled_from(other))})
+    return OptimizerCase("case", cold, warm)
+
+
+def steps_module(batch: list[OptimizerCase]) -> str:
+    """One training step function per case (each its own code, its own entry)."""
+    return "".join(textwrap.dedent(f"""
+        def step_{case.name}(model, opt, x):
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.detach()
+
+        """) for case in batch)
+
+
+def own_frames(name: str, traced: list[str]) -> list[str]:
+    """The frames of case ``name``'s step function and its resume functions."""
+    return [t for t in traced if t == f"step_{name}" or f"step_{name}_at_" in t]

@@ -1,0 +1,93 @@
+"""One process of the optimizer warm-start campaign (tests/test_optimizer_campaign.py).
+
+    python tests/_optimizer_campaign_child.py SRC_DIR FLAG WARM CASES_JSON
+
+``SRC_DIR/opt_steps.py`` holds each case's step function; CASES_JSON each
+case's name and its cold and warm optimizer (tests/_optimizer_campaign.py).
+Each case trains a small model three steps compiled and a copy of it eagerly,
+each with its own optimizer (and lr scheduler) made the same way, and
+compares every loss and
+the final parameters.  Prints one JSON line: per case, whether compiled
+equalled eager, the frames Dynamo traced for it, and a digest of the eager
+results.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib
+import json
+import sys
+
+import torch
+
+import stableguards
+from _traced import TRACED
+
+
+def halve_grads(optimizer, args, kwargs):
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            p.grad.mul_(0.5)
+
+
+def nothing(optimizer, args, kwargs):
+    return None
+
+
+_OPTIONS = {
+    "momentum": {"SGD": {"momentum": 0.9}, "RMSprop": {"momentum": 0.9}, "Adam": {"betas": (0.8, 0.95)},
+                 "AdamW": {"betas": (0.8, 0.95)}, "Adagrad": {"lr_decay": 0.5}},
+    "weight_decay": {"*": {"weight_decay": 0.05}},
+    "maximize": {"*": {"maximize": True}},
+}
+
+
+def optimizer(model: torch.nn.Module, config: dict) -> torch.optim.Optimizer:
+    params = list(model.parameters())
+    groups = [{"params": params}] if config["groups"] == 1 else \
+        [{"params": params[:2]}, {"params": params[2:], "lr": config["lr"] / 2}]
+    options = _OPTIONS.get(config["option"], {})
+    options = options.get(config["optimizer"], options.get("*", {}))
+    opt = getattr(torch.optim, config["optimizer"])(groups, lr=config["lr"], **options)
+    if config["hook"] == "pre":
+        opt.register_step_pre_hook(halve_grads)
+    elif config["hook"] == "post":
+        opt.register_step_post_hook(nothing)
+    return opt
+
+
+def run_case(step, config: dict) -> dict:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    twin = copy.deepcopy(model)
+    compiled, seen = torch.compile(step), len(TRACED)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    got, want = [], []
+    for i in range(3):
+        if i == 0 or (config["rebuilt"] and i == 1):  # rebuilt: another object, made the same way
+            opts = [optimizer(model, config), optimizer(twin, config)]
+            schedulers = [torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5) for opt in opts if config["scheduler"]]
+        got.append(compiled(model, opts[0], x))
+        want.append(step(twin, opts[1], x))
+        for scheduler in schedulers:
+            scheduler.step()
+    got += [p.detach() for p in model.parameters()]
+    want += [p.detach() for p in twin.parameters()]
+    matches = all(torch.allclose(g, w, rtol=1e-4, atol=1e-6) for g, w in zip(got, want, strict=True))
+    digest = hashlib.sha256(b"".join(w.round(decimals=3).numpy().tobytes() for w in want)).hexdigest()[:16]
+    return {"matches": bool(matches), "traced": [code.co_name for code in TRACED[seen:]], "eager": digest}
+
+
+def main(src: str, flag: bool, warm: bool, cases: list[dict]) -> dict:
+    sys.path.insert(0, src)
+    torch._dynamo.config.stable_guards = flag
+    steps = importlib.import_module("opt_steps")
+    results = {c["name"]: run_case(getattr(steps, f"step_{c['name']}"), c["warm" if warm else "cold"])
+               for c in cases}
+    return {"cases": results, "explain": stableguards.explain()}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1", json.loads(sys.argv[4]))))

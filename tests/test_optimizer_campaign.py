@@ -1,0 +1,127 @@
+"""Warm start of training steps never serves a step compiled for another optimizer.
+
+A training step runs ``opt.step()`` and ``opt.zero_grad()`` after
+``loss.backward()`` in frames where Dynamo checks the optimizer by id, which
+another process cannot check: warm start proves the optimizer's identity (its
+class, hyperparameters, hooks and tensors' metadata) and binds the id check
+to the optimizer of the entry's first call (docs/warm_start.md).  Hypothesis
+draws training steps and their optimizers from tests/_optimizer_campaign.py
+(class, learning rate, an option, a step hook, param groups, another
+optimizer object on a later step), with at most one change between a cold
+and a warm process; both run flag on, and again flag off.  Checked: every
+loss and parameter equals eager; a change that should show does (the eager
+results differ between the processes); an unchanged step starts warm: its own
+frames are installed, and only the optimizer's frames left out of the entry
+are traced (its step graph, whose parameters are static addresses).
+
+Size: STABLEGUARDS_OPTIMIZER_CAMPAIGN_CASES cases per batch (CI: 6) and
+STABLEGUARDS_OPTIMIZER_CAMPAIGN_BATCHES batches (CI: 1, the same cases each
+run; with more, each from a random seed, printed on failure).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import hypothesis
+import pytest
+from _optimizer_campaign import Config, OptimizerCase, optimizer_cases, own_frames, steps_module
+from hypothesis import HealthCheck, Phase, given, settings
+
+CHILD = Path(__file__).resolve().parent / "_optimizer_campaign_child.py"
+CASES = int(os.environ.get("STABLEGUARDS_OPTIMIZER_CAMPAIGN_CASES", "6"))
+BATCHES = int(os.environ.get("STABLEGUARDS_OPTIMIZER_CAMPAIGN_BATCHES", "1"))
+
+
+def _warm_start_available() -> bool:
+    import torch._dynamo  # noqa: F401 - installs the hooks
+
+    from stableguards.hooks import STATE
+
+    return "warm_start" in STATE.installed
+
+
+def _run(src: Path, cache: Path, flag: bool, warm: bool, batch: list[OptimizerCase]) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED="random")
+    cases = json.dumps([dataclasses.asdict(c) for c in batch])
+    proc = subprocess.run([sys.executable, str(CHILD), str(src), "1" if flag else "0", "1" if warm else "0", cases],
+                          env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _cold_then_warm(root: Path, batch: list[OptimizerCase], flag: bool) -> tuple[dict, dict]:
+    src = root / "src"
+    src.mkdir(parents=True)
+    (src / "opt_steps.py").write_text("import torch\n" + steps_module(batch))
+    return _run(src, root / "cache", flag, False, batch), _run(src, root / "cache", flag, True, batch)
+
+
+def _check(batch: list[OptimizerCase], on: tuple[dict, dict], off: tuple[dict, dict] | None = None) -> None:
+    for case in batch:
+        print(f"{case.name}: {case.cold} -> {case.change()}: {case.warm}: "
+              + " | ".join(str(run["cases"][case.name]) for run in (*on, *(off or ()))))
+    print(on[1]["explain"])
+    for label, run in zip(("on, cold", "on, warm", "off, cold", "off, warm"), (*on, *(off or ()))):
+        wrong = [name for name, result in run["cases"].items() if not result["matches"]]
+        assert not wrong, (label, wrong, "see the captured output")
+    for case in batch:
+        cold, warm = on[0]["cases"][case.name], on[1]["cases"][case.name]
+        if off is not None:
+            assert warm["eager"] == off[1]["cases"][case.name]["eager"], case
+        if case.change() == "none":
+            assert warm["eager"] == cold["eager"], case
+            assert not own_frames(case.name, warm["traced"]), (case, warm)  # started warm
+        elif case.observable():
+            assert warm["eager"] != cold["eager"], case  # the change shows
+
+
+def test_optimizer_steps_start_warm_unless_their_optimizer_changed(tmp_path):
+    """Unchanged (with and without an lr scheduler, which wraps the optimizer's step), and
+    each kind of change once: another learning rate, class, step hook, and another optimizer
+    object from the second step."""
+    if not _warm_start_available():
+        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
+    sgd, scheduled = Config(), Config(scheduler=True)
+    pairs = [(sgd, sgd), (scheduled, scheduled), (sgd, Config(lr=0.05)), (sgd, Config(optimizer="Adam")),
+             (sgd, Config(hook="pre")), (sgd, Config(rebuilt=True))]
+    batch = [OptimizerCase(f"case{i}", cold, warm) for i, (cold, warm) in enumerate(pairs)]
+    on = _cold_then_warm(tmp_path, batch, flag=True)
+    _check(batch, on)
+    assert "step (sgd.py" in on[1]["explain"] and "static addresses" in on[1]["explain"], on[1]["explain"]
+    for case in batch[2:]:  # each change bites: the step's frames that check the optimizer compile again
+        assert own_frames(case.name, on[1]["cases"][case.name]["traced"]), case
+
+
+def _draw(size: int, seed: int | None) -> list[OptimizerCase]:
+    drawn: dict[OptimizerCase, None] = {}
+
+    @settings(max_examples=size * 4, database=None, deadline=None, phases=[Phase.generate],
+              derandomize=seed is None, suppress_health_check=list(HealthCheck))
+    @given(case=optimizer_cases())
+    def collect(case: OptimizerCase) -> None:
+        drawn.setdefault(case)
+
+    if seed is not None:
+        collect = hypothesis.seed(seed)(collect)
+    collect()
+    return [dataclasses.replace(c, name=f"case{i}") for i, c in enumerate(list(drawn)[-size:])]
+
+
+@pytest.mark.parametrize("batch_index", range(BATCHES))
+def test_a_warm_training_step_is_never_served_another_optimizers_step(batch_index, tmp_path_factory):
+    if not _warm_start_available():
+        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
+    seed = None if BATCHES == 1 else random.randrange(2**32)
+    print(f"seed {seed}")
+    batch = _draw(CASES, seed)
+    on = _cold_then_warm(tmp_path_factory.mktemp("on"), batch, flag=True)
+    off = _cold_then_warm(tmp_path_factory.mktemp("off"), batch, flag=False)
+    _check(batch, on, off)

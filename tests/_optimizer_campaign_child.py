@@ -75,7 +75,9 @@ def run_case(step, config: dict) -> dict:
             scheduler.step()
     got += [p.detach() for p in model.parameters()]
     want += [p.detach() for p in twin.parameters()]
-    matches = all(torch.allclose(g, w, rtol=1e-4, atol=1e-6) for g, w in zip(got, want, strict=True))
+    # Compiled and eager optimizers round differently (RMSprop divides by a square root of small
+    # values); a stale step differs by far more (another learning rate or class).
+    matches = all(torch.allclose(g, w, rtol=1e-3, atol=1e-4) for g, w in zip(got, want, strict=True))
     digest = hashlib.sha256(b"".join(w.round(decimals=3).numpy().tobytes() for w in want)).hexdigest()[:16]
     return {"matches": bool(matches), "traced": [code.co_name for code in TRACED[seen:]], "eager": digest}
 

@@ -100,6 +100,44 @@ def test_optimizer_steps_start_warm_unless_their_optimizer_changed(tmp_path):
         assert own_frames(case.name, on[1]["cases"][case.name]["traced"]), case
 
 
+ONE_OPTIMIZER_TWO_NAMES = """
+import json, os, torch
+torch._dynamo.config.stable_guards = True
+import stableguards
+
+def step(a, b, x):
+    b.defaults["lr"] = 0.5
+    return x * a.defaults["lr"]  # 0.5 when a is b
+
+def optimizers():
+    params = [torch.nn.Parameter(torch.ones(2))]
+    a = torch.optim.SGD(params, lr=0.01)
+    return (a, torch.optim.SGD(params, lr=0.01)) if os.environ["WARM"] == "1" else (a, a)
+
+x = torch.ones(3)
+ok = torch.allclose(torch.compile(step)(*optimizers(), x), step(*optimizers(), x))
+print(json.dumps({"ok": bool(ok), "explain": stableguards.explain()}))
+"""
+
+
+def test_two_names_for_one_optimizer_are_never_served_two_optimizers(tmp_path):
+    """A frame that reached one optimizer through two arguments compiled code in which a change
+    made through one shows through the other.  A warm process given two equal optimizers (each
+    id check binds its own, and both identities match) must not be served that code."""
+    if not _warm_start_available():
+        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    runs = []
+    for warm in ("0", "1"):
+        proc = subprocess.run([sys.executable, "-c", ONE_OPTIMIZER_TWO_NAMES], env={**env, "WARM": warm},
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["ok"] and warm["ok"], warm["explain"]  # served the cold code, warm returned 0.5
+    assert "saved entry was not used" in warm["explain"] and "(one object at L['a'], L['b'])" in warm["explain"]
+
+
 def _draw(size: int, seed: int | None) -> list[OptimizerCase]:
     drawn: dict[OptimizerCase, None] = {}
 

@@ -26,6 +26,7 @@ from stableguards.warm_start.guard_rules import (
     code_of,
     explain_unproven,
     fact,
+    one_object,
     rule_for,
     unproven,
 )
@@ -175,6 +176,9 @@ def test_an_optimizer_is_its_class_and_what_it_holds_its_tensors_by_metadata():
     for changed in (_sgd(lr=0.02), _sgd(momentum=0.9), _sgd(optimizer="Adam"), _sgd(shapes=((3, 4), (3,))),
                     _sgd(shapes=((4, 3),)), hooked):
         assert identity(changed) not in (None, identity(_sgd()))
+    again = _sgd()
+    again.register_step_pre_hook(_halve_grads)  # another handle id: the same hooks
+    assert identity(again) == identity(hooked)
     scheduled = _sgd()
     torch.optim.lr_scheduler.StepLR(scheduled, 1)  # wraps its step, through a weak reference to it
     assert identity(scheduled) not in (None, identity(_sgd()))
@@ -200,6 +204,24 @@ def test_an_id_check_bound_on_first_call_checks_that_object_while_it_lives():
     assert not binding.passes(second) and not binding.bind(second)  # the object it checked is gone
     with pytest.raises(TypeError):
         Binding().bind(torch.Size([2]))  # no weak reference: the caller refuses the proof
+
+
+def test_which_sources_hold_one_optimizer_is_part_of_their_facts():
+    """Two sources that held one optimizer in the cold process must hold one object in the warm
+    one too (and two, two): each id check binds on its own, and two equal optimizers have one
+    identity."""
+    one, other = _sgd(), _sgd()
+
+    def facts(a, b):
+        scope = {"L['a']": a, "L['b']": b, "G['f']": _double}
+        checks = tuple(Fact(source, "ID_MATCH", f"___check_obj_id({source}, <{identity(obj)}>)")
+                       for source, obj in scope.items())
+        return one_object(checks, scope.__getitem__, by_state)
+
+    shared, apart = facts(one, one), facts(one, other)
+    assert shared[0].claim.startswith("(one object at L['a'], L['b']) ___check") and shared[2] == apart[2]
+    assert unproven(shared, apart) == list(shared[:2]) and unproven(apart, shared) == list(apart[:2])
+    assert unproven(apart, facts(other, one)) == []
 
 
 def test_a_cycle_names_the_object_instead_of_recursing():

@@ -165,6 +165,30 @@ def fact(source: str, kind: str, parts: Iterable[str], *, value: Callable[[], An
     return Fact(source, kind, _IDS.sub(lambda m: f"{m.group(1)}<{described}>)", code))
 
 
+def one_object(facts: tuple[Fact, ...], value: Callable[[str], Any],
+               by_state: Callable[[Any], bool]) -> tuple[Fact, ...]:
+    """The id checks on objects whose identity is their state (an optimizer), each saying
+    which other sources hold the same object.
+
+    Two sources that held one optimizer were one object to the compile (a
+    mutation through one is seen through the other); their id checks, bound
+    in another process each to its own first call's object, would pass for
+    two equal optimizers.  So which sources share an object is part of each
+    fact, in the cold process and in the warm one alike."""
+    sources: dict[int, set[str]] = {}
+    for f in facts:
+        if f.kind == "ID_MATCH":
+            try:
+                obj = value(f.source)
+            except Unprovable:
+                continue
+            if by_state(obj):
+                sources.setdefault(id(obj), set()).add(f.source)
+    shared = {source: group for group in sources.values() if len(group) > 1 for source in group}
+    return tuple(Fact(f.source, f.kind, f"(one object at {', '.join(sorted(shared[f.source]))}) {f.claim}")
+                 if f.kind == "ID_MATCH" and f.source in shared else f for f in facts)
+
+
 def unproven(cold: Iterable[Fact], warm: Iterable[Fact]) -> list[Fact]:
     """The cold facts the warm tree does not prove, in order.  A warm tree may prove more
     (another guard is only stricter); it may not prove less.

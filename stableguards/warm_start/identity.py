@@ -32,7 +32,8 @@ leaves the entry out rather than trust a name.
   reference by what it refers to (code that holds one uses that object while
   it lives: an lr scheduler's wrapper of ``optimizer.step``);
 * an optimizer (``torch.optim.Optimizer``): its class and its state (param
-  groups with their hyperparameters, per-parameter state, hooks), tensors in
+  groups with their hyperparameters, per-parameter state, hooks in order
+  without their handles' ids), tensors in
   it by dtype, shape, strides, device and requires_grad.  Dynamo checks an
   optimizer by id and then reads what it uses of it through guarded sources
   (a tensor it reads is a graph input it guards, or a static address it
@@ -249,7 +250,9 @@ class Identities:
             return None
         inner = Identities(tensors=True)
         inner._open[id(optimizer)] = optimizer  # a hook bound to it names it as a cycle
-        held = inner.describe(vars(optimizer))
+        # Hooks are kept by their handles' ids, a per-process counter: the hooks, in order.
+        held = inner.describe({name: list(value.values()) if name.endswith("_hooks") and isinstance(value, dict)
+                               else value for name, value in vars(optimizer).items()})
         return None if held is None else f"optimizer:{owner}#{_digest(held)}"
 
     def _class(self, cls: type) -> str | None:

@@ -51,9 +51,10 @@ from stableguards.warm_start.guard_rules import (
     Unprovable,
     code_of,
     fact,
+    one_object,
     rule_for,
 )
-from stableguards.warm_start.identity import Identities, module_of_globals
+from stableguards.warm_start.identity import Identities, by_state, module_of_globals
 from stableguards.warm_start.proof import Proof, Recheck, check
 from stableguards.warm_start.state import STATE
 
@@ -110,7 +111,8 @@ def live_proof(guard_manager: Any, builder: Any, sorted_guards: list, output_gra
         _sources(g.originating_source for g in sorted_guards))
     tree = list(leaves(guard_manager.root))
     state = _TracedState(output_graph.torch_function_mode_stack)
-    facts = tuple(_fact(leaf, value, identities, state, cold=True) for leaf in tree)
+    facts = tuple(one_object(tuple(_fact(leaf, value, identities, state, cold=True) for leaf in tree), value,
+                             by_state))
     rechecks = [Recheck(global_module_hooks(sys.modules[_NN_MODULE], identities))]
     rechecks += [Recheck(module_hooks(value(source), source, identities))
                  for source in _module_sources(tree)]
@@ -172,7 +174,7 @@ def _check(proof: Proof, loaded: Any, guards_state: Any, frame: _Scope, rewrite:
     identities = Identities()
     value = frame.values(_sources(g.originating_source for g in guards_state.output_graph.guards))
     state = _TracedState(guards_state.output_graph.torch_function_mode_stack)
-    warm = _warm_facts(leaves(loaded.root), value, identities, state)
+    warm = one_object(tuple(_warm_facts(leaves(loaded.root), value, identities, state)), value, by_state)
     return check(proof, warm, (lambda item: _recheck(item, value, identities)) if rewrite else (lambda item: item.fact))
 
 

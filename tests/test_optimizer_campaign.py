@@ -47,21 +47,28 @@ def _warm_start_available() -> bool:
     return "warm_start" in STATE.installed
 
 
-def _run(src: Path, cache: Path, flag: bool, warm: bool, batch: list[OptimizerCase]) -> dict:
+def _run(src: Path, cache: Path, flag: bool, warm: bool, batch: list[OptimizerCase]) -> dict | None:
+    """One process's results; None where torch itself failed with the flag off (its own
+    behaviour, which the flag-off run only stands beside: it is not under test)."""
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
     env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED="random")
     cases = json.dumps([dataclasses.asdict(c) for c in batch])
     proc = subprocess.run([sys.executable, str(CHILD), str(src), "1" if flag else "0", "1" if warm else "0", cases],
                           env=env, capture_output=True, text=True)
+    if proc.returncode != 0 and not flag:
+        print(f"flag off, {'warm' if warm else 'cold'}: torch failed: {proc.stderr[-600:]}")
+        return None
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _cold_then_warm(root: Path, batch: list[OptimizerCase], flag: bool) -> tuple[dict, dict]:
+def _cold_then_warm(root: Path, batch: list[OptimizerCase], flag: bool) -> tuple[dict, dict] | None:
     src = root / "src"
     src.mkdir(parents=True)
     (src / "opt_steps.py").write_text("import torch\n" + steps_module(batch))
-    return _run(src, root / "cache", flag, False, batch), _run(src, root / "cache", flag, True, batch)
+    cold = _run(src, root / "cache", flag, False, batch)
+    warm = _run(src, root / "cache", flag, True, batch) if cold is not None else None
+    return None if warm is None else (cold, warm)
 
 
 def _check(batch: list[OptimizerCase], on: tuple[dict, dict], off: tuple[dict, dict] | None = None) -> None:
@@ -161,5 +168,8 @@ def test_a_warm_training_step_is_never_served_another_optimizers_step(batch_inde
     print(f"seed {seed}")
     batch = _draw(CASES, seed)
     on = _cold_then_warm(tmp_path_factory.mktemp("on"), batch, flag=True)
+    # Flag off, a process that makes many optimizers can fail in torch itself (seen: a
+    # SpeculationLogDivergence tracing SGD's step, 1 batch in 10 of 8 cases): then only the flag-on
+    # processes are compared with eager.
     off = _cold_then_warm(tmp_path_factory.mktemp("off"), batch, flag=False)
     _check(batch, on, off)

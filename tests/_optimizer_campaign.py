@@ -3,9 +3,10 @@
 A case is a training step (forward, ``loss.backward()``, ``opt.step()``,
 ``opt.zero_grad()``), a function of its own, and the optimizer it runs in the
 cold process and in the warm one: its class, learning rate, one option, a
-step hook, one or two param groups, an lr scheduler, and whether the warm
-process makes another optimizer object from the second step on.  At most one of them
-changes between the processes.
+step hook, one or two param groups, an lr scheduler, whether its state is
+restored from a checkpoint (as a restarted job does) before the first step,
+and whether the warm process makes another optimizer object from the second
+step on.  At most one of them changes between the processes.
 """
 
 from __future__ import annotations
@@ -30,7 +31,21 @@ class Config:
     hook: str = "none"
     groups: int = 1
     scheduler: bool = False  # an lr scheduler (StepLR, halving) stepped after each step
+    restored: bool = False  # state loaded from a checkpoint (two eager steps) before the first step
     rebuilt: bool = False  # another optimizer object, made as the first was, from the second step
+
+    def stateful(self) -> bool:
+        """Whether the optimizer keeps per-parameter state (SGD only with momentum)."""
+        return self.optimizer != "SGD" or self.option == "momentum"
+
+    def whole_step_warm(self) -> bool:
+        """Whether its step's own graph and the optimizer's other frames surely start warm:
+        its state is there before the first step (restored, made with the optimizer:
+        Adagrad) or there is none, and it has no step hook.  A fresh optimizer makes its
+        state while its first step is traced, which the cold entry's guards see; Dynamo
+        checks a step hook's handle id, a per-process counter, which a batch of cases in one
+        process (compiling in one, not in the other) moves apart: a miss, not a wrong hit."""
+        return (self.restored or not self.stateful() or self.optimizer == "Adagrad") and self.hook == "none"
 
 
 @dataclass(frozen=True)
@@ -46,17 +61,20 @@ class OptimizerCase:
 
     def observable(self) -> bool:
         """Whether the change must show in the eager results (three steps, rounded): a hook
-        that does nothing and another object made the same way need not."""
+        that does nothing, a hook that scales gradients for an optimizer that normalizes
+        them, and another object made the same way need not."""
         change = self.change()
-        if change == "hook":
-            return "pre" in (self.cold.hook, self.warm.hook)
+        if change == "hook":  # halved gradients: Adam, AdamW, RMSprop and Adagrad divide the scale out
+            return "pre" in (self.cold.hook, self.warm.hook) and self.cold.optimizer == "SGD"
         if change == "option":
             return "maximize" in (self.cold.option, self.warm.option)
+        if change == "restored":
+            return self.cold.stateful()
         return change in ("optimizer", "lr", "groups", "scheduler")
 
 
 _CHOICES = {"optimizer": OPTIMIZERS, "lr": LRS, "option": OPTIONS, "hook": HOOKS, "groups": (1, 2),
-            "scheduler": (False, True), "rebuilt": (False, True)}
+            "scheduler": (False, True), "restored": (False, True), "rebuilt": (False, True)}
 
 
 @st.composite

@@ -5,9 +5,9 @@
 ``SRC_DIR/opt_steps.py`` holds each case's step function; CASES_JSON each
 case's name and its cold and warm optimizer (tests/_optimizer_campaign.py).
 Each case trains a small model three steps compiled and a copy of it eagerly,
-each with its own optimizer (and lr scheduler) made the same way, and
-compares every loss and
-the final parameters.  Prints one JSON line: per case, whether compiled
+each with its own optimizer (and lr scheduler) made the same way, its state
+restored from the same checkpoint where the case says so, and compares every
+loss and the final parameters.  Prints one JSON line: per case, whether compiled
 equalled eager, the frames Dynamo traced for it, and a digest of the eager
 results.
 """
@@ -45,6 +45,30 @@ _OPTIONS = {
 
 
 def optimizer(model: torch.nn.Module, config: dict) -> torch.optim.Optimizer:
+    opt = _made(model, config)
+    if config["restored"]:
+        opt.load_state_dict(_checkpoint(config))
+    return opt
+
+
+def _checkpoint(config: dict) -> dict:
+    """The state of an optimizer made the same way after two eager steps on a model of its
+    own: what a restarted job loads from its checkpoint."""
+    torch.manual_seed(2)
+    scratch = _model()
+    opt = _made(scratch, config)
+    for _ in range(2):
+        scratch(torch.randn(4, 8)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return opt.state_dict()
+
+
+def _model() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+
+
+def _made(model: torch.nn.Module, config: dict) -> torch.optim.Optimizer:
     params = list(model.parameters())
     groups = [{"params": params}] if config["groups"] == 1 else \
         [{"params": params[:2]}, {"params": params[2:], "lr": config["lr"] / 2}]
@@ -60,7 +84,7 @@ def optimizer(model: torch.nn.Module, config: dict) -> torch.optim.Optimizer:
 
 def run_case(step, config: dict) -> dict:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    model = _model()
     twin = copy.deepcopy(model)
     compiled, seen = torch.compile(step), len(TRACED)
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
@@ -82,8 +106,20 @@ def run_case(step, config: dict) -> dict:
     return {"matches": bool(matches), "traced": [code.co_name for code in TRACED[seen:]], "eager": digest}
 
 
+def _patch_every_step() -> None:
+    """Make one optimizer of each class, in one order, before any case runs.  The first
+    optimizer of a class wraps its class's ``step`` (``Optimizer._patch_step_function``),
+    or inherits its base's wrapper (AdamW after Adam): what a class holds depends on which
+    class's optimizer came first.  Cases in one process whose classes change between the
+    processes (AdamW cold, Adam warm) would change that for the other cases, whose
+    optimizers' identities would then differ: a miss a single restarted job never sees."""
+    for name in ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad"):
+        getattr(torch.optim, name)([torch.nn.Parameter(torch.zeros(1))])
+
+
 def main(src: str, flag: bool, warm: bool, cases: list[dict]) -> dict:
     sys.path.insert(0, src)
+    _patch_every_step()
     torch._dynamo.config.stable_guards = flag
     steps = importlib.import_module("opt_steps")
     results = {c["name"]: run_case(getattr(steps, f"step_{c['name']}"), c["warm" if warm else "cold"])

@@ -30,7 +30,7 @@ from stableguards.warm_start.guard_rules import (
     rule_for,
     unproven,
 )
-from stableguards.warm_start.identity import Identities, by_state, identity
+from stableguards.warm_start.identity import Identities, by_state, graph_tensor, identity
 from stableguards.warm_start.proof import Proof, Recheck, check
 from stableguards.warm_start.state import Binding
 
@@ -222,6 +222,57 @@ def test_which_sources_hold_one_optimizer_is_part_of_their_facts():
     assert shared[0].claim.startswith("(one object at L['a'], L['b']) ___check") and shared[2] == apart[2]
     assert unproven(shared, apart) == list(shared[:2]) and unproven(apart, shared) == list(apart[:2])
     assert unproven(apart, facts(other, one)) == []
+
+
+def test_hyperparameters_the_tree_checks_are_left_out_of_an_optimizers_identity():
+    """A scalar hyperparameter the entry's guards check at its own source is checked on every
+    call: an lr schedule at another point still finds the entry.  Anything else still counts."""
+    def described(opt, checked=("lr",)):
+        return Identities().optimizer(opt, lambda group, key: key in checked)
+
+    def scheduled(lr, **options):  # as an lr scheduler leaves it: its groups' lr changed
+        opt = _sgd(**options)
+        opt.param_groups[0]["lr"] = lr
+        return opt
+
+    assert described(scheduled(0.01)) == described(scheduled(0.5))
+    assert described(scheduled(0.01), checked=()) != described(scheduled(0.5), checked=())
+    assert described(_sgd(lr=0.01)) != described(_sgd(lr=0.5))  # its defaults: not checked
+    assert described(scheduled(0.01, momentum=0.9)) != described(scheduled(0.01, momentum=0.5))
+    assert described(_sgd()) != identity(_sgd())
+
+
+def test_a_graphs_tensors_are_what_its_code_sees_and_which_of_them_share_a_storage():
+    import torch
+
+    from stableguards.warm_start.facts import graph_tensors
+
+    def fact(first, second):
+        return graph_tensors("g", [("a", first), ("b", second)], graph_tensor,
+                             lambda t: t.untyped_storage()._cdata)
+
+    base, other = torch.zeros(8), torch.zeros(8)
+    apart, views = fact(base[:4], other[4:]), fact(base[:4], base[4:])
+    assert apart != views and "shares the storage of a" in views.claim and apart == fact(other[:4], base[4:])
+    one = torch.zeros(4)
+    assert "is a" in fact(one, one).claim
+    assert fact(base[:4], other[4:]) != fact(base[:4], other[:4])  # another offset
+    assert graph_tensor(torch.zeros(2, 3)) != graph_tensor(torch.zeros(3, 2).t())  # other strides
+    with pytest.raises(Unprovable):
+        fact(base, 3.0)
+
+
+def test_a_version_binding_checks_the_version_of_its_first_call():
+    from torch._C._dynamo.guards import dict_version
+
+    from stableguards.warm_start.state import VersionBinding
+
+    state, other = {"step": 1}, {"step": 1}
+    binding = VersionBinding(dict_version)
+    assert binding.passes(state) and binding.passes(other)  # unbound: its entry has not served yet
+    assert binding.bind(state) and binding.passes(state) and not binding.passes(other)
+    state["step"] = 2
+    assert not binding.passes(state) and not binding.passes([])  # changed; not a dict
 
 
 def test_a_cycle_names_the_object_instead_of_recursing():

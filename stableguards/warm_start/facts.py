@@ -29,7 +29,14 @@ Kinds (a fact's ``kind``):
   checkpointing ``context_fn`` and the policy it reaches, an ``fx.wrap``'d
   function), at the source of the identity guard on it: what it runs and
   reads, recursively (``autograd_cache.reads``).  Dynamo's identity guard
-  covers its code, defaults and closure, not the globals it reads.
+  covers its code, defaults and closure, not the globals it reads;
+* ``GRAPH_TENSORS``: the tensors a graph takes in front of its inputs (an
+  optimizer's parameters and state, which Dynamo makes graph attributes), at
+  their sources: what the compiled code sees of each, and which of them are
+  one tensor or views of one storage.  The graph was compiled for those
+  relations (an in-place update through one is seen through the other), and
+  each tensor is bound on its own in another process
+  (``warm_start.hooks.graph_params``).
 
 Plain Python: hooks are read by attribute name, objects described by
 ``warm_start.identity``.
@@ -52,7 +59,9 @@ UNSHADOWED_BUILTINS = "UNSHADOWED_BUILTINS"
 CONSTANT_RESULT = "CONSTANT_RESULT"
 ENVIRONMENT = "ENVIRONMENT"
 UNTRACED_READS = "UNTRACED_READS"
-KINDS = (MODULE_HOOKS, GLOBAL_MODULE_HOOKS, UNSHADOWED_BUILTINS, CONSTANT_RESULT, ENVIRONMENT, UNTRACED_READS)
+GRAPH_TENSORS = "GRAPH_TENSORS"
+KINDS = (MODULE_HOOKS, GLOBAL_MODULE_HOOKS, UNSHADOWED_BUILTINS, CONSTANT_RESULT, ENVIRONMENT, UNTRACED_READS,
+         GRAPH_TENSORS)
 
 # (hooks dict, the dicts of per-hook flags keyed like it): an nn.Module's, then the globals'.
 _MODULE_HOOKS = (("_forward_pre_hooks", ("_forward_pre_hooks_with_kwargs",)),
@@ -158,3 +167,19 @@ def untraced_reads(fn: Any, source: str, describe: Callable[[Any], str | None]) 
         raise Unprovable(f"{source} holds {fn!r:.80}, which reads something with no identity that holds in "
                          f"another process")
     return Fact(source, UNTRACED_READS, f"reads {digest_text(described)}")
+
+
+def graph_tensors(graph: str, tensors: Iterable[tuple[str, Any]], describe: Callable[[Any], str | None],
+                  storage: Callable[[Any], Any]) -> Fact:
+    """The tensors ``graph`` takes in front of its inputs, (source, tensor) in its order: each
+    described (``describe``: what its compiled code sees), and where one is the same tensor
+    as an earlier one, or shares its storage (``storage``: a key per storage)."""
+    parts, objects, storages = [], {}, {}
+    for source, tensor in tensors:
+        described = describe(tensor)
+        if described is None:
+            raise Unprovable(f"{graph} takes {source}, which is not a tensor")
+        same, shared = objects.setdefault(id(tensor), source), storages.setdefault(storage(tensor), source)
+        parts.append(f"{source}: {described}" + (f", is {same}" if same != source else "")
+                     + (f", shares the storage of {shared}" if shared != source else ""))
+    return Fact(graph, GRAPH_TENSORS, "; ".join(parts))

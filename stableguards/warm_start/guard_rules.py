@@ -96,6 +96,7 @@ LAMBDA_RULES: dict[str, Rule] = {
 # bound it (hooks.proofs); a live tree never holds one.
 FIRST_CALL = "stableguards: bound on the entry's first call #"
 FIRST_CALLS_OBJECT = "<the object of its first call>"  # where the proof writes the bound object's id
+FIRST_CALLS_VERSION = "<the version of its first call>"  # a dict's version check bound likewise
 _REFUSED = Rule(Check.REFUSE, "no rule for this kind: what it proves in another process is not known")
 
 

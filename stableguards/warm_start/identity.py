@@ -54,6 +54,7 @@ import functools
 import sys
 import types
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from stableguards.codes import code_digest, qualified, resolve
@@ -241,7 +242,15 @@ class Identities:
         details = f"{code_digest(fn.__code__)}:defaults={parts[0]}:kwdefaults={parts[1]}:closure={parts[2]}"
         return f"function:{home}.{fn.__qualname__}#{_digest(details)}"
 
-    def _optimizer(self, optimizer: Any) -> str | None:
+    def optimizer(self, optimizer: Any, guarded: Callable[[int, str], bool]) -> str | None:
+        """An optimizer at a source whose guard tree checks some of its hyperparameters there:
+        ``guarded(group, key)`` says whether it checks ``param_groups[group][key]``.  Those,
+        when plain scalars, are left out: the tree checks each on every call (a value, or a
+        graph input where the step reads it at run time), so a restart at another point of
+        an lr schedule still finds the entry.  Anything else, as ``describe``."""
+        return self._optimizer(optimizer, guarded)
+
+    def _optimizer(self, optimizer: Any, guarded: Callable[[int, str], bool] | None = None) -> str | None:
         """Its class, and everything it holds, tensors by metadata.  Described apart (its own
         Identities): a tensor is described by metadata only here, never where a value of
         it could be what a function reads."""
@@ -251,9 +260,14 @@ class Identities:
         inner = Identities(tensors=True)
         inner._open[id(optimizer)] = optimizer  # a hook bound to it names it as a cycle
         # Hooks are kept by their handles' ids, a per-process counter: the hooks, in order.
-        held = inner.describe({name: list(value.values()) if name.endswith("_hooks") and isinstance(value, dict)
-                               else value for name, value in vars(optimizer).items()})
-        return None if held is None else f"optimizer:{owner}#{_digest(held)}"
+        held = {name: list(value.values()) if name.endswith("_hooks") and isinstance(value, dict) else value
+                for name, value in vars(optimizer).items()}
+        groups = held.get("param_groups")
+        if guarded is not None and isinstance(groups, list) and all(type(g) is dict for g in groups):
+            held["param_groups"] = [{key: _CHECKED if guarded(i, key) and type(value) in _SCALARS else value
+                                     for key, value in group.items()} for i, group in enumerate(groups)]
+        described = inner.describe(held)
+        return None if described is None else f"optimizer:{owner}#{_digest(described)}"
 
     def _class(self, cls: type) -> str | None:
         if not _importable(cls):
@@ -325,15 +339,29 @@ def _importable(cls: type) -> bool:
         return False
 
 
+_SCALARS = (bool, int, float, type(None))
+_CHECKED = "<checked by the entry's guards>"
+
+
 def _is_a(cls: type, name: str) -> bool:
     return any(qualified(k) == name for k in cls.__mro__)
 
 
+def graph_tensor(obj: Any) -> str | None:
+    """A tensor a compiled graph takes in front of its inputs (``hooks.graph_params``), by what
+    its compiled code sees of it; its values are read when the code runs."""
+    return _tensor(obj) if _is_a(type(obj), _TENSOR) else None
+
+
 def _tensor(tensor: Any) -> str | None:
-    """A tensor by what a compile sees of it without reading its values."""
+    """A tensor by what a compile sees of it without reading its values: what a tensor's
+    guard (TENSOR_MATCH) checks, its storage offset and whether it is a leaf."""
+    import torch
+
     try:
         return (f"tensor:{_type_name(tensor)}({tensor.dtype}, {tuple(tensor.shape)}, {tensor.stride()}, "
-                f"{tensor.device}, requires_grad={tensor.requires_grad})")
+                f"offset={tensor.storage_offset()}, {tensor.device}, requires_grad={tensor.requires_grad}, "
+                f"leaf={tensor.is_leaf}, {torch._C._dispatch_keys(tensor)})")
     except Exception:  # noqa: BLE001 - a sparse or otherwise strideless tensor: no identity
         return None
 

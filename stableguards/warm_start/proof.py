@@ -15,7 +15,7 @@ from typing import Any
 
 from stableguards.warm_start.guard_rules import Fact, Unprovable, explain_unproven, unproven
 
-_FORMAT = "stableguards proof 1"
+_FORMAT = "stableguards proof 2"
 
 
 @dataclass(frozen=True)
@@ -30,22 +30,31 @@ class Recheck:
 class Proof:
     facts: tuple[Fact, ...]
     rechecks: tuple[Recheck, ...] = ()
+    # (backend id, sources): a graph whose compiled code takes the tensors at these sources,
+    # bound on the entry's first call, in front of its inputs (hooks.graph_params).
+    graph_params: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def to_state(self) -> tuple:
         """Plain tuples, as saved with the guards."""
         return (_FORMAT, tuple((f.source, f.kind, f.claim) for f in self.facts),
-                tuple(((r.fact.source, r.fact.kind, r.fact.claim), r.payload) for r in self.rechecks))
+                tuple(((r.fact.source, r.fact.kind, r.fact.claim), r.payload) for r in self.rechecks),
+                self.graph_params)
 
     @classmethod
     def from_state(cls, state: Any) -> Proof | None:
         """The proof saved with an entry; None for anything else (no proof, another format)."""
-        if not (isinstance(state, tuple) and len(state) == 3 and state[0] == _FORMAT):
+        if not (isinstance(state, tuple) and len(state) == 4 and state[0] == _FORMAT):
             return None
         try:
             return cls(tuple(Fact(*f) for f in state[1]),
-                       tuple(Recheck(Fact(*f), payload) for f, payload in state[2]))
-        except TypeError:
+                       tuple(Recheck(Fact(*f), payload) for f, payload in state[2]),
+                       tuple((backend, tuple(sources)) for backend, sources in state[3]))
+        except (TypeError, ValueError):
             return None
+
+    def bound_tensors(self) -> frozenset[str]:
+        """The sources whose tensors a graph of the entry takes, bound on its first call."""
+        return frozenset(source for _, sources in self.graph_params for source in sources)
 
 
 def check(proof: Proof, warm_facts: Iterable[Fact], recheck: Callable[[Recheck], Fact]) -> str | None:

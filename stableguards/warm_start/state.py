@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 
@@ -67,6 +68,10 @@ class WarmStart:
         # Loaded id checks bound on their entry's first call (hooks.guards.ID_ON_FIRST_CALL),
         # by token, while their guard trees live.
         self.bindings: weakref.WeakValueDictionary[int, Binding] = weakref.WeakValueDictionary()
+        # Source -> the id checks bound on first call made while a saved entry's guards are built
+        # (hooks.guards._load_guard_manager).
+        self.building: contextvars.ContextVar[dict[str, Binding] | None] = contextvars.ContextVar(
+            "stableguards_warm_building", default=None)
 
     def drop_loaded(self, package: Any = None) -> None:
         """Forget the loaded entries of ``package`` (of every package if None)."""
@@ -112,5 +117,30 @@ class Binding:
     def passes(self, obj: Any) -> bool:
         return self._ref is None or self._ref() is obj
 
+    def get(self) -> Any:
+        """The object it checks (None: unbound, or gone)."""
+        return None if self._ref is None else self._ref()
+
 
 STATE = WarmStart()
+
+
+class VersionBinding(Binding):
+    """The version of the dict a loaded version check checks (PEP 509: unique to one dict in
+    one state), bound on the call its entry first serves; ``version`` reads a dict's."""
+
+    def __init__(self, version: Callable[[dict], int]) -> None:
+        super().__init__()
+        self._version = version
+        self._bound: int | None = None
+
+    def bind(self, obj: Any) -> bool:
+        if self._bound is None:
+            self._bound = self._version(obj)
+        return self._bound == self._version(obj)
+
+    def passes(self, obj: Any) -> bool:
+        return self._bound is None or (type(obj) is dict and self._bound == self._version(obj))
+
+    def get(self) -> Any:
+        return None

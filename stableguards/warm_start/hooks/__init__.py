@@ -43,6 +43,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import types
 import weakref
 from typing import Any
 
@@ -55,7 +56,7 @@ from stableguards.store import messages as store_messages
 from stableguards.store.hooks import cpu_isa
 from stableguards.store.content import lease_seconds
 from stableguards.warm_start import messages, variants
-from stableguards.warm_start.hooks import bundling, guards, loaded, proofs
+from stableguards.warm_start.hooks import bundling, graph_params, guards, loaded, proofs
 from stableguards.warm_start.identity import module_of_globals
 from stableguards.warm_start.index import changed_components, write_index
 from stableguards.warm_start.key import entry_key
@@ -64,7 +65,7 @@ from stableguards.warm_start.state import STATE
 _PACKAGE = "torch._dynamo.package"
 _AUTOGRAD_CACHE = "torch._functorch._aot_autograd.autograd_cache"
 # Bumped when what an entry holds changes meaning: older entries are then never found.
-_ENTRY_FORMAT = "3"
+_ENTRY_FORMAT = "4"
 
 
 @dataclasses.dataclass
@@ -299,25 +300,58 @@ def _install(package: Any, backends: Any) -> None:
 
 
 def _drop_unfound(package: Any) -> None:
-    """Leave out the entries of frames whose code is not where the cold process found it.
+    """Find the code of frames where it is now, or leave their entries out.
 
-    torch finds a frame's code again by the path it took in the cold process
-    (``SGD.step`` through the wrapper ``Optimizer`` puts on the class when the
-    first optimizer is made), and fails the whole install where it is not
-    there yet (``torch.compile(step)`` before the optimizer is made).  Such a
-    frame, called as a function, is compiled as usual when it runs: the other
-    frames' entries serve without it."""
-    from torch._dynamo.package import PackageError, _lookup_code
+    torch finds a frame's code again by the path it took in the cold process,
+    which can lead elsewhere here: ``SGD.step`` is reached through the wrapper
+    ``Optimizer`` puts on the class when the first optimizer is made.  Before
+    one is made (``torch.compile(step)`` first), that path is not there and
+    torch fails the whole install; or it names another function's code
+    (``step.__code__`` is the unwrapped step's, where the cold process found
+    the wrapper's), on which torch would install the entry's guards and code.
+    So the code found must be the very code the cold process compiled (the
+    entry holds it: equal code objects).  Where it is not, it is looked for by
+    unwrapping the function of that name (``functools.wraps``'
+    ``__wrapped__``); where it is not there either, the entry is left out, and
+    the frame compiles as usual when it runs."""
+    from torch._dynamo.package import PackageError, SerializedCode, _lookup_code
 
     main = package._innermost_fn.__code__
     for code, entry in list(package._codes.items()):
         if code is main or not entry.code_source:
             continue
+        compiled = SerializedCode.to_code_object(entry.python_code)
         try:
-            _lookup_code(entry)
+            if _lookup_code(entry) == compiled:
+                continue
         except PackageError:
-            del package._codes[code]
-            messages.not_used(frame_label(code), f"its code is not at {entry.code_source!r} here yet")
+            pass
+        path = _unwrapped_path(entry, compiled)
+        if path is not None:
+            entry.code_source = path
+            continue
+        del package._codes[code]
+        messages.not_used(frame_label(code), f"its code is not at {entry.code_source!r} here yet")
+
+
+def _unwrapped_path(entry: Any, code: Any) -> str | None:
+    """A path to ``code`` from the function the entry names, through ``__wrapped__`` only;
+    None where unwrapping it does not reach that code."""
+    from stableguards.codes import resolve
+
+    if len(entry.function_names) != 1 or not entry.code_source.endswith("__code__"):
+        return None
+    try:
+        fn = resolve(entry.python_module, entry.function_names[0])
+    except (KeyError, AttributeError):
+        return None
+    path: list[str] = []
+    while fn is not None and len(path) < 16:  # inspect.unwrap's walk, with its path
+        if isinstance(getattr(fn, "__code__", None), types.CodeType) and fn.__code__ == code:
+            return ".".join([*path, "__code__"])
+        fn = getattr(fn, "__wrapped__", None)
+        path.append("__wrapped__")
+    return None
 
 
 def _claim(code: Any, digest: str | None) -> bool:
@@ -582,6 +616,9 @@ def _bypass_package(call: Any, self: Any, reason: str = "", **kwargs: Any) -> No
     frame = STATE.frame.get()
     if frame is None or self.package is None or self.package not in STATE.ours:
         return call(self, reason, **kwargs)
+    traced = STATE.traced.get()
+    if reason == graph_params.STATIC_ADDRESSES and traced is not None and graph_params.rebindable(self):
+        return None  # kept: its tensors are bound in another process (graph_params.record)
     messages.left_out(frame, reason)
     self.package.bypass_current_compile()
     self.package = None

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from stableguards.hooks.core import Hook
+from stableguards.warm_start.hooks import graph_params
 from stableguards.warm_start.state import STATE
 
 _AUTOGRAD_CACHE = "torch._functorch._aot_autograd.autograd_cache"
@@ -111,6 +112,14 @@ def _bundled_entry(call: Any, compiled_fw_func: Any, compiled_bw_func: Any, *arg
     return call(compiled_fw_func, compiled_bw_func, *args, **kwargs)
 
 
+def nothing_saved(reason: str) -> None:
+    """AOTAutograd saves no entry for the graph being compiled (another part declined it): if
+    the graph is ours, its frame's compile is left out of the package, which would
+    otherwise wait for that graph's artifact forever, saving none of its later frames."""
+    if STATE.bundling.get():
+        leave_out(reason)
+
+
 def leave_out(reason: str) -> None:
     """Leave the graph being compiled out of our package: the frame's compile (torch's
     per-compile bypass), or the function whose backward this is."""
@@ -208,6 +217,7 @@ def _add_backend_id(call: Any, self: Any, backend_id: str, *args: Any, **kwargs:
     compiles more (a backward on first use, a specialization at call time)."""
     if self in STATE.ours:
         STATE.backend_ids.add(backend_id)
+        graph_params.record(backend_id)
     return call(self, backend_id, *args, **kwargs)
 
 

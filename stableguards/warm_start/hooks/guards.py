@@ -15,10 +15,10 @@ from typing import Any
 
 from stableguards.codes import code_at, code_path
 from stableguards.hooks.core import Hook, TorchError
-from stableguards.warm_start.guard_rules import FIRST_CALL, FIRST_CALLS_OBJECT, Unprovable
-from stableguards.warm_start.hooks import proofs
+from stableguards.warm_start.guard_rules import FIRST_CALL, FIRST_CALLS_OBJECT, FIRST_CALLS_VERSION, Unprovable
+from stableguards.warm_start.hooks import graph_params, proofs
 from stableguards.warm_start.identity import by_state
-from stableguards.warm_start.state import STATE, Binding
+from stableguards.warm_start.state import STATE, Binding, VersionBinding
 
 _PACKAGE = "torch._dynamo.package"
 
@@ -31,6 +31,7 @@ class LoadedProof:
     proof: Any
     guards_state: Any
     f_globals: dict
+    unguarded: dict = dataclasses.field(default_factory=dict)  # source -> Binding, bound once the proof holds
 
 
 def _serialize_guards(call: Any, self: Any, builder: Any, sorted_guards: list, output_graph: Any) -> Any:
@@ -66,19 +67,27 @@ def _serialize_guards(call: Any, self: Any, builder: Any, sorted_guards: list, o
 
     from torch._dynamo.exc import PackageError
 
-    if unrestored := _unrestored(output_graph):
+    traced = STATE.traced.get() or proofs.Traced()
+    bound, versioned = _graph_tensors(traced, sorted_guards)
+    replacements = {id(guard): _replacement(guard, builder, bound, versioned, traced.graph_tensors)
+                    for guard in sorted_guards}
+    alive = _alive_by_binding(sorted_guards, builder, replacements, output_graph)
+    if unrestored := _unrestored(output_graph, alive.values()):
         raise TorchError(PackageError(f"its compiled code reads {', '.join(unrestored)}: globals torch made in this "
                                       f"process for it, which a restarted process would not have"))
     saved = []
     for guard in sorted_guards:
-        replacement = _replacement(guard, builder)
+        if id(guard) in alive:
+            continue
+        replacement = replacements[id(guard)]
         if replacement is not None:
             _keep_builtin(self, guard, output_graph)
             guard = dataclasses.replace(guard, create_fn=replacement, guard_types=None)
         saved.append(guard)
     try:
-        proof = proofs.live_proof(self.guard_manager, builder, sorted_guards, output_graph,
-                                      STATE.traced.get() or proofs.Traced())
+        first_call = frozenset(guard.name for guard in sorted_guards if replacements[id(guard)] is ID_ON_FIRST_CALL)
+        proof = proofs.live_proof(self.guard_manager, builder, sorted_guards, output_graph, traced, first_call,
+                                  versioned, frozenset(guard.name for guard in sorted_guards if id(guard) in alive))
     except Unprovable as why:
         raise TorchError(PackageError(f"stableguards cannot prove it in another process: {why}")) from None
     token = STATE.proof.set(proof)
@@ -127,10 +136,23 @@ def _load_guard_manager(call: Any, guards_state: Any, target_code: Any, runtime_
         return call(guards_state, target_code, runtime_global_scope)
     from stableguards.warm_start.proof import Proof
 
-    with _cold_ambient_state(guards_state.output_graph.current_device):
-        guard_manager = call(guards_state, target_code, runtime_global_scope)
-    guard_manager.stableguards = LoadedProof(Proof.from_state(getattr(guards_state, "stableguards_proof", None)),
-                                             guards_state, runtime_global_scope)
+    bindings: dict[str, Binding] = {}
+    token = STATE.building.set(bindings)
+    try:
+        with _cold_ambient_state(guards_state.output_graph.current_device):
+            guard_manager = call(guards_state, target_code, runtime_global_scope)
+    finally:
+        STATE.building.reset(token)
+    proof = Proof.from_state(getattr(guards_state, "stableguards_proof", None))
+    # A tensor a graph takes that no id check binds sits in a dict whose version check is
+    # bound: it is bound when the proof holds, to the tensor at its source (_serve_loaded).
+    unguarded = {source: Binding() for source in (proof.bound_tensors() if proof is not None else ())
+                 if source not in bindings}
+    guard_manager.stableguards = LoadedProof(proof, guards_state, runtime_global_scope, unguarded)
+    if proof is not None and STATE.installing.get() is not None:
+        bindings.update(unguarded)
+        for backend_id, sources in proof.graph_params:
+            graph_params.serve_bound(runtime_global_scope, backend_id, [bindings[s].get for s in sources])
     return guard_manager
 
 
@@ -155,7 +177,53 @@ def _cold_ambient_state(device: Any) -> Iterator[None]:
             torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
 
 
-def _unrestored(output_graph: Any) -> list[str]:
+def _graph_tensors(traced: proofs.Traced, guards: list) -> tuple[frozenset[str], frozenset[str]]:
+    """The sources of the tensors the compile's graphs take in front of their inputs
+    (``graph_params``), and the dicts holding those of them that are checked through their
+    dict's version: each is checked by id, or sits in a dict checked by its version (an
+    optimizer's per-parameter state, ``optimizers.hooks``).  Raises PackageError where one
+    has no source or no such check (then nothing binds it in another process)."""
+    from torch._dynamo.exc import PackageError
+    from torch._dynamo.source import DictGetItemSource
+
+    if any(sources is None for sources in traced.graph_params.values()):
+        raise TorchError(PackageError("its graph takes a tensor held as its attribute with no source Dynamo names"))
+    checked = {guard.name for guard in guards if guard.create_fn_name() == "ID_MATCH"}
+    versions = {guard.name for guard in guards if guard.create_fn_name() == "DICT_VERSION"}
+    bound, versioned, unchecked = set(), set(), []
+    for source in (source for sources in traced.graph_params.values() for source in sources):
+        bound.add(source.name)
+        if source.name in checked:
+            continue
+        if isinstance(source, DictGetItemSource) and source.base.name in versions:
+            versioned.add(source.base.name)
+        else:
+            unchecked.append(source.name)
+    if unchecked:
+        raise TorchError(PackageError(f"its graph takes the tensors at {', '.join(sorted(unchecked))}, which Dynamo "
+                                      f"checks neither by id nor by their dict's version"))
+    return frozenset(bound), frozenset(versioned)
+
+
+def _alive_by_binding(guards: list, builder: Any, replacements: dict[int, Any], output_graph: Any) -> dict[int, str]:
+    """Guards that an object is alive, through a weak reference torch stored in a global of
+    this process (``__optimizer_<id>``, for the optimizer whose step is traced), on an object
+    whose id check is bound on the entry's first call: (id of the guard) -> the global.
+
+    They are not saved: the binding holds the object weakly and fails once it is gone, and
+    it checks the object at its source on every call, which is alive there; so it proves
+    what the weak reference did.  Where the compiled code itself reads the global, the
+    compile stays out (``_unrestored``)."""
+    from torch._dynamo.source import GlobalWeakRefSource
+
+    held = {id(builder.get(guard)) for guard in guards if replacements[id(guard)] is ID_ON_FIRST_CALL}
+    read = {instruction.argval for instruction in output_graph.output_instructions}
+    return {id(guard): guard.originating_source.global_name for guard in guards
+            if guard.create_fn_name() == "WEAKREF_ALIVE" and isinstance(guard.originating_source, GlobalWeakRefSource)
+            and guard.originating_source.global_name not in read and id(builder.get(guard)) in held}
+
+
+def _unrestored(output_graph: Any, alive: Any = ()) -> list[str]:
     """Globals this compile installed for its code or guards that a restarted process will
     not have.
 
@@ -165,12 +233,13 @@ def _unrestored(output_graph: Any) -> list[str]:
     ``random.random()``).  Code that reads one after a restart raises NameError, so such
     a compile is left out of its entry.  What torch installed is its own record
     (``installed_globals``); only resume functions are told by a hook
-    (``_record_resume``), so a hook that failed leaves more out, never less."""
+    (``_record_resume``), so a hook that failed leaves more out, never less.  ``alive``:
+    weak references only guards read, whose guards are not saved (``_alive_by_binding``)."""
     entry = output_graph.package.current_entry if output_graph.package is not None else None
     traced = STATE.traced.get()
     restored = {*(entry.import_sources if entry is not None else ()), *(entry.backend_ids if entry is not None else ()),
                 output_graph.name_of_builtins_dict_key_in_fglobals, *(traced.resumes if traced is not None else ())}
-    return sorted(set(output_graph.installed_globals) - restored)
+    return sorted(set(output_graph.installed_globals) - restored - set(alive))
 
 
 def _record_resume(call: Any, self: Any, name: str, *args: Any, **kwargs: Any) -> None:
@@ -329,14 +398,28 @@ def _keep_builtin(manager: Any, guard: Any, output_graph: Any) -> None:
         manager.used_builtin_vars.add(source.index)
 
 
-def _replacement(guard: Any, builder: Any) -> Any:
+def _replacement(guard: Any, builder: Any, bound: frozenset[str], versioned: frozenset[str],
+                 held: set[int]) -> Any:
     """The by-name builder method for an identity guard; whether the rebuilt check proves
-    what this one did is checked on the trees (``_serialize_guards``), not assumed.  An id
-    check on an object whose identity is its state (``identity.by_state``: an optimizer)
-    is bound on the entry's first call (``ID_ON_FIRST_CALL``)."""
+    what this one did is checked on the trees (``_serialize_guards``), not assumed.
+
+    An id check is bound on the entry's first call (``ID_ON_FIRST_CALL``) on an object
+    whose identity is its state (``identity.by_state``: an optimizer), on a tensor a graph
+    takes (at a source in ``bound``: ``graph_params``, given the bound tensor), and on a
+    tensor no graph of the compile holds (ids ``held``): a parameter whose grad an
+    optimizer hook reads.  Compiled code sees no more of such a tensor than its metadata
+    (its values are read when it runs).  A tensor a graph holds under another source stays
+    out.  The version check on a dict that holds tensors a graph takes (at a source in
+    ``versioned``) is bound likewise (``VERSION_ON_FIRST_CALL``)."""
+    import torch
+
     kind = guard.create_fn_name()
-    if kind == "ID_MATCH" and set(guard.guard_types or ()) <= {kind} and by_state(builder.get(guard)):
-        return ID_ON_FIRST_CALL
+    if kind == "ID_MATCH" and set(guard.guard_types or ()) <= {kind}:
+        obj = builder.get(guard)
+        if guard.name in bound or by_state(obj) or (isinstance(obj, torch.Tensor) and id(obj) not in held):
+            return ID_ON_FIRST_CALL
+    if kind == "DICT_VERSION" and guard.name in versioned:
+        return VERSION_ON_FIRST_CALL
     # An id check is what MODULE_MATCH and CLASS_MATCH run; CLOSURE_MATCH must not fall back to one.
     if kind not in _REPLACEMENTS or not set(guard.guard_types or ()) <= {kind, *_ID_CHECKS.get(kind, ())}:
         return None
@@ -373,9 +456,27 @@ def ID_ON_FIRST_CALL(builder: Any, guard: Any) -> None:  # noqa: N802 - named as
 
     binding = Binding()
     STATE.bindings[binding.token] = binding
+    if (building := STATE.building.get()) is not None:
+        building[guard.name] = binding
     type_repr = _safe_type_repr(type(builder.get(guard)))
     code = f"___check_obj_id({builder.arg_ref(guard)}, {FIRST_CALLS_OBJECT}), type={type_repr}"
     text = f"{FIRST_CALL}{binding.token}: {code}"
+    builder.get_guard_manager(guard).add_lambda_guard(binding.passes, [repr(text)], guard.user_stack)
+
+
+def VERSION_ON_FIRST_CALL(builder: Any, guard: Any) -> None:  # noqa: N802 - named as torch's builder methods
+    """A dict's version check, in another process, on an optimizer's per-parameter state
+    dict whose tensors a graph takes (``graph_params``): bound to the version the dict has
+    on the call the entry first serves, when the entry's proof shows the dict holds what
+    the cold one did (its keys, and its tensors by what the compiled code sees of them:
+    ``proofs._state_dict_fact``).  A version belongs to one dict in one state (PEP 509), so
+    from then on it checks what the cold compile's version check did: the same dict,
+    unchanged, holding the tensors the graph is given."""
+    from torch._C._dynamo.guards import dict_version
+
+    binding = VersionBinding(dict_version)
+    STATE.bindings[binding.token] = binding
+    text = f"{FIRST_CALL}{binding.token}: ___dict_version({builder.arg_ref(guard)}) == {FIRST_CALLS_VERSION}"
     builder.get_guard_manager(guard).add_lambda_guard(binding.passes, [repr(text)], guard.user_stack)
 
 

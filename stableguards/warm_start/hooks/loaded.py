@@ -32,7 +32,8 @@ def _refusal(guard_manager: Any, f_locals: dict) -> str | None:
     loaded = getattr(guard_manager, "stableguards", None)
     if loaded is None:
         return "it was loaded without its proof"
-    return proofs.verify(loaded.proof, guard_manager, loaded.guards_state, f_locals, loaded.f_globals)
+    return proofs.verify(loaded.proof, guard_manager, loaded.guards_state, f_locals, loaded.f_globals,
+                         loaded.unguarded)
 
 
 def _keep_loaded(call: Any, code: Any, guard_manager: Any, dynamo_code: Any) -> None:

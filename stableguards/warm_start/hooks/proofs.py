@@ -32,6 +32,7 @@ from stableguards.warm_start.facts import (
     CONSTANT_RESULT,
     ENVIRONMENT,
     GLOBAL_MODULE_HOOKS,
+    GRAPH_TENSORS,
     MODULE_HOOKS,
     UNSHADOWED_BUILTINS,
     UNTRACED_READS,
@@ -39,6 +40,7 @@ from stableguards.warm_start.facts import (
     constant_result,
     environment,
     global_module_hooks,
+    graph_tensors,
     module_hooks,
     unshadowed_builtins,
     untraced_reads,
@@ -54,7 +56,7 @@ from stableguards.warm_start.guard_rules import (
     one_object,
     rule_for,
 )
-from stableguards.warm_start.identity import Identities, by_state, module_of_globals
+from stableguards.warm_start.identity import Identities, by_state, graph_tensor, module_of_globals
 from stableguards.warm_start.proof import Proof, Recheck, check
 from stableguards.warm_start.state import STATE
 
@@ -86,6 +88,10 @@ class Traced:
     resumes: set[str] = field(default_factory=set)
     untraced: list[tuple[str, Any]] = field(default_factory=list)  # (label, function): bundling.runs_untraced
     untraced_sources: list[Any] = field(default_factory=list)  # where such functions came from (Sources)
+    # Graphs whose attributes are tensors checked by id (graph_params): backend id -> the
+    # sources (Sources) of the tensors its compiled code takes first (None: one has no source).
+    graph_params: dict[str, tuple[Any, ...] | None] = field(default_factory=dict)
+    graph_tensors: set[int] = field(default_factory=set)  # ids of those tensors
 
     def inline(self, code: Any, scope: dict, arguments: dict[str, Any]) -> None:
         """A function inlined, with its globals and its arguments (VariableTrackers)."""
@@ -104,15 +110,24 @@ class Traced:
             self.environ = None  # the whole environment
 
 
-def live_proof(guard_manager: Any, builder: Any, sorted_guards: list, output_graph: Any, traced: Traced) -> Proof:
-    """What the compile's live guard tree and its unguarded state prove (raises Unprovable)."""
+def live_proof(guard_manager: Any, builder: Any, sorted_guards: list, output_graph: Any, traced: Traced,
+               first_call: frozenset[str] = frozenset(), versioned: frozenset[str] = frozenset(),
+               unsaved: frozenset[str] = frozenset()) -> Proof:
+    """What the compile's live guard tree and its unguarded state prove (raises Unprovable).
+    ``first_call``: sources whose id checks are bound on the entry's first call;
+    ``versioned``: dicts whose version checks are, as they hold tensors a graph takes;
+    ``unsaved``: sources whose guards are not saved, as another saved guard proves what they
+    do (``guards._alive_by_binding``)."""
     identities = Identities()
     value = _Scope(output_graph.local_scope, output_graph.global_scope).values(
         _sources(g.originating_source for g in sorted_guards))
-    tree = list(leaves(guard_manager.root))
+    tree = [leaf for leaf in leaves(guard_manager.root) if leaf.source not in unsaved]
     state = _TracedState(output_graph.torch_function_mode_stack)
-    facts = tuple(one_object(tuple(_fact(leaf, value, identities, state, cold=True) for leaf in tree), value,
-                             by_state))
+    graph_params = tuple((backend, tuple(source.name for source in sources))
+                         for backend, sources in traced.graph_params.items() if sources is not None)
+    bound = _Bound(graph_params, value, tree, first_call, versioned)
+    facts = tuple(one_object(tuple(_fact(leaf, value, identities, state, bound, cold=True) for leaf in tree),
+                             value, _bound_on_first_call))
     rechecks = [Recheck(global_module_hooks(sys.modules[_NN_MODULE], identities))]
     rechecks += [Recheck(module_hooks(value(source), source, identities))
                  for source in _module_sources(tree)]
@@ -126,7 +141,8 @@ def live_proof(guard_manager: Any, builder: Any, sorted_guards: list, output_gra
         rechecks.append(Recheck(constant_result(call.fn, call.args, call.kwargs, call.result, identities), payload))
     for label, fn in traced.untraced:
         rechecks.append(Recheck(_untraced_fact(fn, label, traced.untraced_sources, value), label))
-    return Proof(facts, tuple(dict.fromkeys(rechecks)))
+    rechecks += [Recheck(_graph_tensors_fact(backend, sources, value), sources) for backend, sources in graph_params]
+    return Proof(facts, tuple(dict.fromkeys(rechecks)), graph_params)
 
 
 def _untraced_fact(fn: Any, label: str, sources: list[Any], value: Callable[[str], Any]) -> Fact:
@@ -163,32 +179,117 @@ def round_trip(proof: Proof, loaded: Any, guards_state: Any, output_graph: Any) 
                   rewrite=False)
 
 
-def verify(proof: Proof | None, loaded: Any, guards_state: Any, f_locals: dict, f_globals: dict) -> str | None:
-    """Why a loaded entry may not serve this call (its guards passed on it), or None."""
+def verify(proof: Proof | None, loaded: Any, guards_state: Any, f_locals: dict, f_globals: dict,
+           unguarded: dict[str, Any]) -> str | None:
+    """Why a loaded entry may not serve this call (its guards passed on it), or None.  Once
+    it may, ``unguarded`` (source -> Binding: tensors a graph takes that sit in a dict whose
+    version check is bound) is bound to the objects at those sources on this call."""
     if proof is None:
         return "it has no proof of what its guards proved in the cold process"
-    return _check(proof, loaded, guards_state, _Scope(f_locals, f_globals), rewrite=True)
+    scope = _Scope(f_locals, f_globals)
+    why = _check(proof, loaded, guards_state, scope, rewrite=True)
+    if why is None and unguarded:
+        value = scope.values(_sources(g.originating_source for g in guards_state.output_graph.guards))
+        try:
+            if not all(binding.bind(value(source)) for source, binding in unguarded.items()):
+                return "a tensor its graph takes is bound to another object"
+        except (Unprovable, TypeError) as error:
+            return f"a tensor its graph takes cannot be bound here ({error})"
+    return why
 
 
 def _check(proof: Proof, loaded: Any, guards_state: Any, frame: _Scope, rewrite: bool) -> str | None:
     identities = Identities()
     value = frame.values(_sources(g.originating_source for g in guards_state.output_graph.guards))
     state = _TracedState(guards_state.output_graph.torch_function_mode_stack)
-    warm = one_object(tuple(_warm_facts(leaves(loaded.root), value, identities, state)), value, by_state)
+    tree = list(leaves(loaded.root))
+    bound = _Bound(proof.graph_params, value, tree)
+    warm = one_object(tuple(_warm_facts(tree, value, identities, state, bound)), value, _bound_on_first_call)
     return check(proof, warm, (lambda item: _recheck(item, value, identities)) if rewrite else (lambda item: item.fact))
 
 
 def _warm_facts(tree: Iterable[Leaf], value: Callable[[str], Any], identities: Identities,
-                state: _TracedState) -> Iterator[Fact]:
+                state: _TracedState, bound: _Bound) -> Iterator[Fact]:
     """The facts of a loaded tree; a leaf with no fact proves nothing (a cold fact on it is
     then unproven, and named)."""
     for leaf in tree:
         with contextlib.suppress(Unprovable):
-            yield _fact(leaf, value, identities, state, cold=False)
+            yield _fact(leaf, value, identities, state, bound, cold=False)
+
+
+def _bound_on_first_call(obj: Any) -> bool:
+    """Whether an id check on ``obj`` is one bound on its entry's first call, each on its own
+    (``one_object``): an optimizer's, or a tensor's."""
+    import torch
+
+    return by_state(obj) or isinstance(obj, torch.Tensor)
+
+
+class _Bound:
+    """What an entry binds on its first call, and what its tree checks: the tensors its
+    graphs take in front of their inputs (``graph_params``: their sources, the objects there
+    on this call), the dicts whose version checks are bound because they hold some of them
+    (cold: given; warm: told by the loaded checks), and every source the tree checks."""
+
+    def __init__(self, graph_params: Iterable[tuple[str, tuple[str, ...]]], value: Callable[[str], Any],
+                 tree: list[Leaf], first_call: frozenset[str] = frozenset(),
+                 versioned: frozenset[str] = frozenset()) -> None:
+        self.sources = frozenset(source for _, sources in graph_params for source in sources)
+        self.first_call = first_call
+        self.versioned = versioned
+        self.checked = frozenset(leaf.source for leaf in tree)
+        self._value = value
+        self._ids: set[int] | None = None
+
+    def identity(self, source: str, identities: Identities, first_call: bool) -> Callable[[Any], str | None]:
+        """How the object an id check at ``source`` checks is described: a tensor, where the
+        check is bound on the first call, by what compiled code sees of it; an optimizer
+        without the hyperparameters the tree checks at their own sources
+        (``Identities.optimizer``); anything else by ``identities``."""
+        def guarded(group: int, key: str) -> bool:
+            return f"{source}.param_groups[{group}][{key!r}]" in self.checked
+
+        def describe(obj: Any) -> str | None:
+            if first_call and graph_tensor(obj) is not None:
+                return graph_tensor(obj)
+            return identities.optimizer(obj, guarded) if by_state(obj) else identities(obj)
+        return describe
+
+    def holds(self, obj: Any) -> bool:
+        """Whether ``obj`` is a tensor some graph of the entry takes, on this call."""
+        if self._ids is None:
+            self._ids = {id(self._value(source)) for source in self.sources}
+        return id(obj) in self._ids
+
+
+def _graph_tensors_fact(graph: str, sources: tuple[str, ...], value: Callable[[str], Any]) -> Fact:
+    return graph_tensors(graph, [(source, value(source)) for source in sources], graph_tensor,
+                         lambda tensor: tensor.untyped_storage()._cdata)
+
+
+def _state_dict_fact(source: str, obj: Any, bound: _Bound, identities: Identities) -> Fact:
+    """A dict whose version check is bound on the entry's first call (``guards.
+    VERSION_ON_FIRST_CALL``): its keys in order and its values, a tensor only as one a graph
+    of the entry takes (by what its compiled code sees of it; ``GRAPH_TENSORS`` says more).
+    A version proves nothing of what a dict held in another process: this does."""
+    import torch
+
+    if type(obj) is not dict:
+        raise Unprovable(f"{source} is a {type(obj).__name__}, not a dict")
+    items = []
+    for key, item in obj.items():
+        if isinstance(item, torch.Tensor) and not bound.holds(item):
+            raise Unprovable(f"{source}[{key!r}] is a tensor no graph of the entry takes")
+        described = graph_tensor(item) if isinstance(item, torch.Tensor) else identities(item)
+        if type(key) is not str or described is None:
+            raise Unprovable(f"{source}[{key!r}] has no identity that holds in another process")
+        items.append(f"{key!r}: {described}")
+    return Fact(source, "DICT_VERSION",
+                f"unchanged from its entry's first call, on which it held {{{', '.join(items)}}}")
 
 
 def _fact(leaf: Leaf, value: Callable[[str], Any], identities: Identities, state: _TracedState,
-          cold: bool) -> Fact:
+          bound: _Bound, cold: bool) -> Fact:
     code = code_of(leaf.parts)
     rule = rule_for(leaf.kind, code)
     ambient = _ambient(leaf.kind, code) if rule.check is Check.AMBIENT else None
@@ -197,10 +298,16 @@ def _fact(leaf: Leaf, value: Callable[[str], Any], identities: Identities, state
         raise Unprovable(f"{leaf.kind} on {leaf.source}: checks {code!r}, the process holds {ambient!r}")
     if leaf.kind == "TORCH_FUNCTION_MODE_STACK":
         return fact(leaf.source, leaf.kind, leaf.parts, value=state.mode_types, identity=identities)
+    # A tensor a graph takes is described by what its compiled code sees of it: that graph is
+    # given the tensor found there (hooks.graph_params).
     if leaf.kind == "LAMBDA_GUARD" and (text := _first_call_text(code)) is not None:
-        return _first_call_fact(leaf.source, text, value, identities)
-    return fact(leaf.source, leaf.kind, leaf.parts, value=lambda: value(leaf.source), identity=identities,
-                ambient=ambient)
+        return _first_call_fact(leaf.source, text, value, bound.identity(leaf.source, identities, True), bound,
+                                identities)
+    described = bound.identity(leaf.source, identities, cold and leaf.source in bound.first_call)
+    if cold and leaf.kind == "DICT_VERSION" and leaf.source in bound.versioned:
+        return _state_dict_fact(leaf.source, value(leaf.source), bound, identities)
+    return fact(leaf.source, leaf.kind, leaf.parts, value=lambda: value(leaf.source),
+                identity=described if leaf.kind == "ID_MATCH" else identities, ambient=ambient)
 
 
 def _first_call_text(code: str) -> str | None:
@@ -214,22 +321,30 @@ def _first_call_text(code: str) -> str | None:
     return None
 
 
-def _first_call_fact(source: str, text: str, value: Callable[[str], Any], identities: Identities) -> Fact:
-    """A loaded id check bound on its entry's first call (``guards.ID_ON_FIRST_CALL``):
-    bound here to the object at its source on this call, whose proof is being checked,
-    and written as the ID_MATCH it stands for.  The proof then compares that object's
-    identity with the cold one's; if it differs, the entry never serves."""
+def _first_call_fact(source: str, text: str, value: Callable[[str], Any], described: Callable[[Any], str | None],
+                     bound: _Bound, identities: Identities) -> Fact:
+    """A loaded check bound on its entry's first call (``guards.ID_ON_FIRST_CALL``,
+    ``VERSION_ON_FIRST_CALL``): bound here to the object at its source on this call, whose
+    proof is being checked, and written as the check it stands for.  The proof then
+    compares what that object is with the cold one; if it differs, the entry never serves."""
     token, _, template = text.removeprefix(FIRST_CALL).partition(": ")
     binding = STATE.bindings.get(int(token))
     obj = value(source)
     try:
-        bound = binding is not None and binding.bind(obj)
-    except TypeError:  # no weak reference to it
-        bound = False
-    if not bound:
-        raise Unprovable(f"{source}: its id check is bound to another object")
-    return fact(source, "ID_MATCH", [template.replace(FIRST_CALLS_OBJECT, str(id(obj)))], value=lambda: obj,
-                identity=identities)
+        bound_here = binding is not None and binding.bind(obj)
+    except TypeError:  # no weak reference to it, or no version
+        bound_here = False
+    if not bound_here:
+        raise Unprovable(f"{source}: its check is bound to another object")
+    if template.startswith("___dict_version("):
+        return _state_dict_fact(source, obj, bound, identities)
+    from torch._dynamo.guards import _safe_type_repr
+
+    # The type torch's id check prints is the checked object's: the bound one's (where the guards
+    # were built, a tensor is the saved state's fake one).
+    code = f"{template.rpartition(', type=')[0]}, type={_safe_type_repr(type(obj))}"
+    return fact(source, "ID_MATCH", [code.replace(FIRST_CALLS_OBJECT, str(id(obj)))], value=lambda: obj,
+                identity=described)
 
 
 def _ambient(kind: str, code: str) -> str | None:
@@ -334,6 +449,8 @@ def _recheck(item: Recheck, value: Callable[[str], Any], identities: Identities)
         return environment(item.payload, os.environ)
     if kind == UNTRACED_READS:
         return untraced_reads(value(source), source, reads_identity)
+    if kind == GRAPH_TENSORS:
+        return _graph_tensors_fact(source, tuple(item.payload), value)
     if kind == CONSTANT_RESULT:
         module_name, qualname, args, kwargs = item.payload
         kwargs = dict(kwargs)

@@ -55,7 +55,8 @@ case "$COMMAND" in
     bench)
         setup test,bench
         for script in alloc_cost import_time pgo_io backend_switch optimizer_table optimizer_guard_check \
-                      optimizer_rebuild cudagraph_static backend_call_cost key_ledger warm_start real_models fleet; do
+                      optimizer_rebuild cudagraph_static backend_call_cost key_ledger warm_start warm_step_cost \
+                      real_models fleet; do
             "$PY" "bench/$script.py"
         done
         ;;

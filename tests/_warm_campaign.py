@@ -13,7 +13,7 @@ saves (a policy Dynamo never traces, reached through a global function, a
 closure or a ``functools.partial``), saved-tensor hooks, grad, inference or
 autocast mode, the default dtype, a Dynamo or inductor setting, compiled
 autograd, or nothing at all.  A graph break followed by a view leaves a graph
-with nothing to compute.  Under compiled autograd the compiled function is a
+with nothing to compute; ``sum()`` of terms runs Dynamo's polyfill.  Under compiled autograd the compiled function is a
 training step (``step``: the program, then its backward) as compiled autograd
 runs a backward called in a compiled region.
 ``sources`` writes the case's modules for either process.
@@ -62,7 +62,7 @@ class Case:
 FEATURES = ("module_global", "helper_constant", "helper_attribute", "function_rebound", "helper_function_rebound",
             "method_patched", "builtin_shadowed", "torch_function_rebound", "class_attribute", "closure_cell",
             "mutable_closure", "default_arg", "dataclass_config", "dict_config", "env_branch", "constant_function",
-            "module_hook", "global_module_hook", "checkpoint_policy", "break_then_view")
+            "module_hook", "global_module_hook", "checkpoint_policy", "break_then_view", "sum_of_terms")
 # Ambient settings and what the changed process runs under instead.
 AMBIENTS = {
     "none": "no_grad", "no_grad": "none", "inference_mode": "none", "autocast": "none", "float64": "none",
@@ -177,6 +177,9 @@ def _feature(p: _Program, case: Case, i: int, f: Feature, changed: bool) -> None
         if changed:
             p.main += [f"def _apply{i}(self, t):\n    return t.{op_b}()", f"helper.Op{i}.apply = _apply{i}"]
         p.steps.append(f"y = OP{i}.apply(y)")
+    elif kind == "sum_of_terms":  # sum(): Dynamo inlines its polyfill, a copy of operator.py
+        p.main.append(f"S{i} = {b if changed else a}")
+        p.steps.append(f"y = sum(t * S{i} for t in (y, y.{op_a}()))")
     elif kind == "builtin_shadowed":
         if changed:
             p.main.append(f"def abs(t):\n    return t * {b}")

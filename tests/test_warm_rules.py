@@ -275,6 +275,26 @@ def test_a_version_binding_checks_the_version_of_its_first_call():
     assert not binding.passes(state) and not binding.passes([])  # changed; not a dict
 
 
+def test_a_module_copy_is_a_copy_of_its_module_from_its_file():
+    """A module loaded again apart from sys.modules (torch's polyfills' pure-Python operator)
+    is described as a copy of that module from that file, and its id check is bound on the
+    first call; a module made in memory has no identity."""
+    import importlib.util
+    import operator
+    import types
+
+    from stableguards.warm_start.identity import module_copy
+
+    spec = importlib.util.find_spec("operator")
+    py_operator = importlib.util.module_from_spec(spec)  # as torch 2.15's polyfills load it
+    spec.loader.exec_module(py_operator)
+
+    assert module_copy(py_operator) and not module_copy(operator)
+    assert identity(py_operator) == f"module-copy:operator:{py_operator.__file__}" != identity(operator)
+    made = types.ModuleType("operator")
+    assert not module_copy(made) and identity(made) is None
+
+
 def test_a_cycle_names_the_object_instead_of_recursing():
     # A method using super() closes over its class: describing the class meets it again.
     assert identity(_Child) is not None

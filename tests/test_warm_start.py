@@ -308,6 +308,10 @@ def _case_sources(rng: random.Random) -> dict[str, tuple[str, str]]:
                                      f"    return x.sin() * {k1}\n"),
                             function(f"import functools\n@functools.wraps(torch.sin)\ndef fn(x):\n"
                                      f"    return x.sin() * {k2}\n")),
+        # sum() over tensors: Dynamo inlines its polyfill, which runs a copy of operator.py that
+        # sys.modules does not hold (found where the guards check it, its id bound on first call).
+        "builtin_sum": (function(f"def fn(x):\n    return sum(t * {k1} for t in (x, x.sin()))\n"),
+                        function(f"def fn(x):\n    return sum(t * {k2} for t in (x, x.sin()))\n")),
         # A property's getter compiled as a frame of its own (after a graph break): torch's package
         # cannot name a getter's code; warm start finds it through the property.
         "property_getter": (function(getter.format(k=k1)), function(getter.format(k=k2))),
@@ -367,13 +371,13 @@ def test_warm_process_is_never_served_an_entry_that_does_not_match(tmp_path, see
     # Another inductor option, another module of the same qualname, another model class:
     # traced, not installed.
     for name in ("inductor_option_changed", "qualname_b_changed", "model_class_changed", "body_changed",
-                 "local_helper_changed", "local_choice_changed", "property_getter_changed"):
+                 "local_helper_changed", "local_choice_changed", "property_getter_changed", "builtin_sum_changed"):
         assert second["cases"][name]["frames"] >= 1, (name, report)
     # Unchanged cases whose guards can all be saved start warm: nothing traced.
     for name in ("global_value_same", "closure_value_same", "default_arg_same", "body_same",
                  "global_function_same", "class_check_same", "backend_same", "inductor_option_same", "model_class_same",
                  "model_attribute_same", "local_helper_same", "local_choice_same", "module_object_same",
-                 "wraps_elsewhere_same", "property_getter_same"):
+                 "wraps_elsewhere_same", "property_getter_same", "builtin_sum_same"):
         assert second["cases"][name]["frames"] == 0, (name, report)
 
 

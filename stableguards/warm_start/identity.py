@@ -90,6 +90,16 @@ def identity(obj: Any) -> str | None:
     return Identities()(obj)
 
 
+def module_copy(obj: Any) -> bool:
+    """Whether ``obj`` is a module loaded from a file apart from ``sys.modules``, which holds
+    another module under its name (torch's polyfills run ``operator.py`` again without its C
+    accelerator: ``sum()`` reaches it).  No name finds it in another process: an id check on
+    it is bound, there, to the object found on the call the entry first serves, as a copy of
+    the same module from the same file."""
+    return (isinstance(obj, types.ModuleType) and isinstance(getattr(obj, "__file__", None), str)
+            and sys.modules.get(obj.__name__) is not obj and isinstance(sys.modules.get(obj.__name__), types.ModuleType))
+
+
 def by_state(obj: Any) -> bool:
     """Whether ``obj``'s identity is what it holds (an optimizer), not a name another process
     imports: an id check on it is bound, in another process, to the object found on the
@@ -160,7 +170,9 @@ class Identities:
             items = self._all(obj.items())
             return None if items is None else "dict(" + ", ".join(sorted(items)) + ")"
         if isinstance(obj, types.ModuleType):
-            return f"module:{obj.__name__}" if sys.modules.get(obj.__name__) is obj else None
+            if sys.modules.get(obj.__name__) is obj:
+                return f"module:{obj.__name__}"
+            return f"module-copy:{obj.__name__}:{obj.__file__}" if module_copy(obj) else None
         if isinstance(obj, types.CodeType):
             return f"code:{obj.co_qualname}:{code_digest(obj)}"
         if isinstance(obj, types.FunctionType):

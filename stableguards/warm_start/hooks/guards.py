@@ -17,7 +17,7 @@ from stableguards.codes import code_at, code_path
 from stableguards.hooks.core import Hook, TorchError
 from stableguards.warm_start.guard_rules import FIRST_CALL, FIRST_CALLS_OBJECT, FIRST_CALLS_VERSION, Unprovable
 from stableguards.warm_start.hooks import graph_params, proofs
-from stableguards.warm_start.identity import by_state
+from stableguards.warm_start.identity import by_state, module_copy
 from stableguards.warm_start.state import STATE, Binding, VersionBinding
 
 _PACKAGE = "torch._dynamo.package"
@@ -416,7 +416,8 @@ def _replacement(guard: Any, builder: Any, bound: frozenset[str], versioned: fro
     kind = guard.create_fn_name()
     if kind == "ID_MATCH" and set(guard.guard_types or ()) <= {kind}:
         obj = builder.get(guard)
-        if guard.name in bound or by_state(obj) or (isinstance(obj, torch.Tensor) and id(obj) not in held):
+        if guard.name in bound or by_state(obj) or module_copy(obj) \
+                or (isinstance(obj, torch.Tensor) and id(obj) not in held):
             return ID_ON_FIRST_CALL
     if kind == "DICT_VERSION" and guard.name in versioned:
         return VERSION_ON_FIRST_CALL

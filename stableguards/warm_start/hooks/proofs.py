@@ -56,7 +56,7 @@ from stableguards.warm_start.guard_rules import (
     one_object,
     rule_for,
 )
-from stableguards.warm_start.identity import Identities, by_state, graph_tensor, module_of_globals
+from stableguards.warm_start.identity import Identities, by_state, graph_tensor, module_copy, module_of_globals
 from stableguards.warm_start.proof import Proof, Recheck, check
 from stableguards.warm_start.state import STATE
 
@@ -131,8 +131,11 @@ def live_proof(guard_manager: Any, builder: Any, sorted_guards: list, output_gra
     rechecks = [Recheck(global_module_hooks(sys.modules[_NN_MODULE], identities))]
     rechecks += [Recheck(module_hooks(value(source), source, identities))
                  for source in _module_sources(tree)]
-    for module, names in _builtins_read([(builder.f_code, output_graph.global_scope), *traced.inlined]):
-        rechecks.append(Recheck(unshadowed_builtins(module, vars(sys.modules[module]), names), tuple(sorted(names))))
+    copies = {id(vars(obj)): (leaf.source, obj) for leaf in tree if _is_module_copy(value, leaf.source)
+              for obj in (value(leaf.source),)}
+    for module, names in _builtins_read([(builder.f_code, output_graph.global_scope), *traced.inlined], copies):
+        scope = vars(sys.modules[module]) if module in sys.modules else vars(value(module))
+        rechecks.append(Recheck(unshadowed_builtins(module, scope, names), tuple(sorted(names))))
     if traced.environ is None:
         raise Unprovable("the traced code read the whole environment (os.environ), which cannot be checked")
     rechecks += [Recheck(environment(key, os.environ), key) for key in sorted(traced.environ)]
@@ -219,10 +222,10 @@ def _warm_facts(tree: Iterable[Leaf], value: Callable[[str], Any], identities: I
 
 def _bound_on_first_call(obj: Any) -> bool:
     """Whether an id check on ``obj`` is one bound on its entry's first call, each on its own
-    (``one_object``): an optimizer's, or a tensor's."""
+    (``one_object``): an optimizer's, a tensor's, a module copy's."""
     import torch
 
-    return by_state(obj) or isinstance(obj, torch.Tensor)
+    return by_state(obj) or isinstance(obj, torch.Tensor) or module_copy(obj)
 
 
 class _Bound:
@@ -417,12 +420,21 @@ def _module_sources(tree: list[Leaf]) -> list[str]:
                               and issubclass(leaf.guarded_type, torch.nn.Module)))
 
 
-def _builtins_read(functions: list[tuple[Any, dict]]) -> list[tuple[str, set[str]]]:
+def _is_module_copy(value: Callable[[str], Any], source: str) -> bool:
+    with contextlib.suppress(Unprovable):
+        return module_copy(value(source))
+    return False
+
+
+def _builtins_read(functions: list[tuple[Any, dict]],
+                   copies: dict[int, tuple[str, Any]]) -> list[tuple[str, set[str]]]:
     """(module, builtins read) for the compiled frame and every function it inlined, each
-    (code, globals) read against its own module's globals."""
+    (code, globals) read against its own module's globals: a module's name, or for a module
+    copy (``identity.module_copy``: ``copies``, by the id of its globals) the guard source
+    where the tree checks it, which is where a restarted process finds it."""
     by_module: dict[str, set[str]] = {}
     for code, scope in functions:
-        module = module_of_globals(scope)
+        module = module_of_globals(scope) or copies.get(id(scope), (None,))[0]
         if module is None:
             raise Unprovable(f"{code.co_qualname} ({code.co_filename}) reads globals that are no module's: the "
                              f"builtins it reads cannot be checked in another process")
@@ -442,6 +454,10 @@ def _recheck(item: Recheck, value: Callable[[str], Any], identities: Identities)
         return module_hooks(value(source), source, identities)
     if kind == UNSHADOWED_BUILTINS:
         module = sys.modules.get(source)
+        if module is None and source.startswith(("G[", "L[")):  # a module copy, where the tree checks it
+            module = value(source)
+            if not module_copy(module):
+                raise Unprovable(f"{source} is not a copy of a module")
         if module is None:
             raise Unprovable(f"module {source} is not imported")
         return unshadowed_builtins(source, vars(module), item.payload)

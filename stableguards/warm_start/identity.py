@@ -96,8 +96,8 @@ def module_copy(obj: Any) -> bool:
     accelerator: ``sum()`` reaches it).  No name finds it in another process: an id check on
     it is bound, there, to the object found on the call the entry first serves, as a copy of
     the same module from the same file."""
-    return (isinstance(obj, types.ModuleType) and isinstance(getattr(obj, "__file__", None), str)
-            and sys.modules.get(obj.__name__) is not obj and isinstance(sys.modules.get(obj.__name__), types.ModuleType))
+    held = sys.modules.get(getattr(obj, "__name__", None)) if isinstance(obj, types.ModuleType) else None
+    return isinstance(held, types.ModuleType) and held is not obj and isinstance(getattr(obj, "__file__", None), str)
 
 
 def by_state(obj: Any) -> bool:

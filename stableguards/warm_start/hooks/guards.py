@@ -447,22 +447,20 @@ FUNCTION_BY_NAME = _same_check_as("FUNCTION_MATCH")
 
 def ID_ON_FIRST_CALL(builder: Any, guard: Any) -> None:  # noqa: N802 - named as torch's builder methods
     """An id check, in another process, on an object that no name finds there (an
-    optimizer): bound to the object at its source on the call the entry first
-    serves, when the entry's proof shows that object's identity is the cold one's
-    (``proofs`` binds it, ``identity.by_state`` describes it).  Until then it passes, and
-    nothing is served before the proof: a loaded entry serves only once its proof holds.
-    From then on it checks that object, as the cold compile's id check did; what the
-    cold compile saw of it, the proof compared."""
+    optimizer, a tensor, a module copy: ``_replacement``): bound to the object at its
+    source on the call the entry first serves, when the entry's proof shows that object's
+    identity is the cold one's (``proofs`` binds it, ``identity`` describes it).  Until
+    then it passes, and nothing is served before the proof: a loaded entry serves only
+    once its proof holds.  From then on it checks that object, as the cold compile's id
+    check did; what the cold compile saw of it, the proof compared."""
     from torch._dynamo.guards import _safe_type_repr
 
     binding = Binding()
-    STATE.bindings[binding.token] = binding
     if (building := STATE.building.get()) is not None:
         building[guard.name] = binding
     type_repr = _safe_type_repr(type(builder.get(guard)))
-    code = f"___check_obj_id({builder.arg_ref(guard)}, {FIRST_CALLS_OBJECT}), type={type_repr}"
-    text = f"{FIRST_CALL}{binding.token}: {code}"
-    builder.get_guard_manager(guard).add_lambda_guard(binding.passes, [repr(text)], guard.user_stack)
+    _add_bound_check(builder, guard, binding,
+                     f"___check_obj_id({builder.arg_ref(guard)}, {FIRST_CALLS_OBJECT}), type={type_repr}")
 
 
 def VERSION_ON_FIRST_CALL(builder: Any, guard: Any) -> None:  # noqa: N802 - named as torch's builder methods
@@ -475,9 +473,15 @@ def VERSION_ON_FIRST_CALL(builder: Any, guard: Any) -> None:  # noqa: N802 - nam
     unchanged, holding the tensors the graph is given."""
     from torch._C._dynamo.guards import dict_version
 
-    binding = VersionBinding(dict_version)
+    _add_bound_check(builder, guard, VersionBinding(dict_version),
+                     f"___dict_version({builder.arg_ref(guard)}) == {FIRST_CALLS_VERSION}")
+
+
+def _add_bound_check(builder: Any, guard: Any, binding: Binding, code: str) -> None:
+    """A check bound on the entry's first call: one string literal (torch evaluates a failed
+    guard's code parts to name it), found again by its token when the proof binds it."""
     STATE.bindings[binding.token] = binding
-    text = f"{FIRST_CALL}{binding.token}: ___dict_version({builder.arg_ref(guard)}) == {FIRST_CALLS_VERSION}"
+    text = f"{FIRST_CALL}{binding.token}: {code}"
     builder.get_guard_manager(guard).add_lambda_guard(binding.passes, [repr(text)], guard.user_stack)
 
 

@@ -131,8 +131,7 @@ def live_proof(guard_manager: Any, builder: Any, sorted_guards: list, output_gra
     rechecks = [Recheck(global_module_hooks(sys.modules[_NN_MODULE], identities))]
     rechecks += [Recheck(module_hooks(value(source), source, identities))
                  for source in _module_sources(tree)]
-    copies = {id(vars(obj)): (leaf.source, obj) for leaf in tree if _is_module_copy(value, leaf.source)
-              for obj in (value(leaf.source),)}
+    copies = {id(vars(obj)): leaf.source for leaf in tree if module_copy(obj := _value_or_none(value, leaf.source))}
     for module, names in _builtins_read([(builder.f_code, output_graph.global_scope), *traced.inlined], copies):
         scope = vars(sys.modules[module]) if module in sys.modules else vars(value(module))
         rechecks.append(Recheck(unshadowed_builtins(module, scope, names), tuple(sorted(names))))
@@ -178,8 +177,8 @@ def round_trip(proof: Proof, loaded: Any, guards_state: Any, output_graph: Any) 
         failed = loaded.check_verbose(output_graph.local_scope).verbose_code_parts
         return f"the saved guards, loaded back, fail on the call they were compiled for ({'; '.join(failed)[:300]})"
     # The unguarded facts were written a moment ago in this process: nothing to write again.
-    return _check(proof, loaded, guards_state, _Scope(output_graph.local_scope, output_graph.global_scope),
-                  rewrite=False)
+    return _check(proof, loaded, guards_state,
+                  _values(_Scope(output_graph.local_scope, output_graph.global_scope), guards_state), rewrite=False)
 
 
 def verify(proof: Proof | None, loaded: Any, guards_state: Any, f_locals: dict, f_globals: dict,
@@ -189,10 +188,9 @@ def verify(proof: Proof | None, loaded: Any, guards_state: Any, f_locals: dict, 
     version check is bound) is bound to the objects at those sources on this call."""
     if proof is None:
         return "it has no proof of what its guards proved in the cold process"
-    scope = _Scope(f_locals, f_globals)
-    why = _check(proof, loaded, guards_state, scope, rewrite=True)
+    value = _values(_Scope(f_locals, f_globals), guards_state)
+    why = _check(proof, loaded, guards_state, value, rewrite=True)
     if why is None and unguarded:
-        value = scope.values(_sources(g.originating_source for g in guards_state.output_graph.guards))
         try:
             if not all(binding.bind(value(source)) for source, binding in unguarded.items()):
                 return "a tensor its graph takes is bound to another object"
@@ -201,9 +199,13 @@ def verify(proof: Proof | None, loaded: Any, guards_state: Any, f_locals: dict, 
     return why
 
 
-def _check(proof: Proof, loaded: Any, guards_state: Any, frame: _Scope, rewrite: bool) -> str | None:
+def _values(frame: _Scope, guards_state: Any) -> Callable[[str], Any]:
+    """The value at a source of a loaded tree's guards, on ``frame``."""
+    return frame.values(_sources(g.originating_source for g in guards_state.output_graph.guards))
+
+
+def _check(proof: Proof, loaded: Any, guards_state: Any, value: Callable[[str], Any], rewrite: bool) -> str | None:
     identities = Identities()
-    value = frame.values(_sources(g.originating_source for g in guards_state.output_graph.guards))
     state = _TracedState(guards_state.output_graph.torch_function_mode_stack)
     tree = list(leaves(loaded.root))
     bound = _Bound(proof.graph_params, value, tree)
@@ -253,8 +255,8 @@ class _Bound:
             return f"{source}.param_groups[{group}][{key!r}]" in self.checked
 
         def describe(obj: Any) -> str | None:
-            if first_call and graph_tensor(obj) is not None:
-                return graph_tensor(obj)
+            if first_call and (tensor := graph_tensor(obj)) is not None:
+                return tensor
             return identities.optimizer(obj, guarded) if by_state(obj) else identities(obj)
         return describe
 
@@ -420,21 +422,20 @@ def _module_sources(tree: list[Leaf]) -> list[str]:
                               and issubclass(leaf.guarded_type, torch.nn.Module)))
 
 
-def _is_module_copy(value: Callable[[str], Any], source: str) -> bool:
+def _value_or_none(value: Callable[[str], Any], source: str) -> Any:
     with contextlib.suppress(Unprovable):
-        return module_copy(value(source))
-    return False
+        return value(source)
+    return None
 
 
-def _builtins_read(functions: list[tuple[Any, dict]],
-                   copies: dict[int, tuple[str, Any]]) -> list[tuple[str, set[str]]]:
+def _builtins_read(functions: list[tuple[Any, dict]], copies: dict[int, str]) -> list[tuple[str, set[str]]]:
     """(module, builtins read) for the compiled frame and every function it inlined, each
     (code, globals) read against its own module's globals: a module's name, or for a module
     copy (``identity.module_copy``: ``copies``, by the id of its globals) the guard source
     where the tree checks it, which is where a restarted process finds it."""
     by_module: dict[str, set[str]] = {}
     for code, scope in functions:
-        module = module_of_globals(scope) or copies.get(id(scope), (None,))[0]
+        module = module_of_globals(scope) or copies.get(id(scope))
         if module is None:
             raise Unprovable(f"{code.co_qualname} ({code.co_filename}) reads globals that are no module's: the "
                              f"builtins it reads cannot be checked in another process")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 CHILD = Path(__file__).resolve().parent / "_autograd_cache_child.py"
-KEYED = ["custom_function", "checkpoint", "hook_method", "hook_wrapped"]
+KEYED = ["custom_function", "checkpoint", "hook_method", "hook_wrapped", "compiled_autograd"]
 CASES = [*KEYED, "hook_wrapped_hashed", "checkpoint_opaque"]
 
 
@@ -53,7 +53,8 @@ def test_every_process_equals_eager(runs):
 @pytest.mark.parametrize("case", KEYED)
 def test_a_graph_torch_bypasses_hits_on_restart_and_a_changed_one_misses(runs, case):
     """Flag off, every restart bypasses the cache; flag on, the restart hits, and a restart
-    whose function, policy or hook differs misses."""
+    whose function, policy or hook differs misses (for compiled autograd's graph of an eager
+    model: a node whose attribute differs, GELU's ``approximate``)."""
     assert runs["off"][case]["bypasses"] == 1 and runs["off_changed"][case]["bypasses"] == 1
     cold, warm, changed = (runs[run][case] for run in ("cold", "warm", "changed"))
     assert cold["bypasses"] == 0 and cold["misses"] == 1, cold["explain"]
@@ -144,6 +145,8 @@ def test_hooks_rebuilt_every_step_recompile_only_with_the_flag_off(fresh_dynamo,
 @pytest.mark.parametrize("reason, fix", [
     ("Unsupported call_function target torch._dynamo.compiled_autograd.ops.validate_outputs. ",
      "nothing in your code changes it"),
+    ("Unsupported call_function target <function AutogradCompilerInstance.proxy_call_aot_backward.<locals>."
+     "call_aot_bwd_prologue at 0x7f00>. ", "nothing in your code changes it"),
     ("Unsupported call_function target <function TensorVariable._method_register_hook.<locals>."
      "_register_hook_trampoline at 0x7f00>. ", "registered before the call"),
     ("Unsupported call_function target <function make.<locals>.f at 0x7f00>. ", "make it a module-level function"),
@@ -156,3 +159,76 @@ def test_a_bypass_is_named_with_the_fix_for_its_reason(reason, fix):
     messages.bypassed("f (x.py:1)", reason)
     assert fix in stableguards.explain()
     stableguards.reset()
+
+
+def test_a_compiled_autograd_op_is_named_only_where_torch_bound_it():
+    """Only an op compiled autograd bound under the name of one of torch's node types (or the
+    engine's ``validate_outputs``) is identified by its name; a C++ custom function's op (an
+    extension's code, numbered per process), a node type torch does not define, and an op
+    under a name it was not bound to are not."""
+    from torch._dynamo.compiled_autograd import Op, ops
+
+    from stableguards.autograd_cache.hooks import _compiled_autograd_identity
+
+    bound = []
+
+    def bind(op):
+        if not hasattr(ops, op.__name__):
+            setattr(ops, op.__name__, op)
+            bound.append(op.__name__)
+        return getattr(ops, op.__name__)
+
+    try:
+        assert _compiled_autograd_identity(Op("MulBackward0", print, False)) is None  # not the bound one
+        assert _compiled_autograd_identity(bind(Op("MulBackward0", print, False))) == \
+            "compiled-autograd-op:MulBackward0"
+        assert _compiled_autograd_identity(bind(Op("StableguardsExtensionBackward0", print, False))) is None
+        assert _compiled_autograd_identity(bind(Op("CppNodeStableguards0", print, True))) is None
+        assert _compiled_autograd_identity(print) is None
+    finally:
+        for name in bound:
+            delattr(ops, name)
+
+
+def _prologue(metas: list, compile_id: str = "0/0", traces: tuple = ()):
+    """A stand-in for compiled autograd's ``call_aot_bwd_prologue`` over a prologue generated
+    as AOTAutograd generates one: code run in globals that are no module's."""
+    import torch
+    from torch._functorch._aot_autograd.runtime_wrappers import AOTDispatchAutograd
+
+    scope = {"torch": torch, "_process_tangent_": AOTDispatchAutograd.process_runtime_tangent,
+             "_tangent_metas_": metas, "_compile_id_": compile_id, "_stack_traces_": traces}
+    exec("def _backward_prologue(ctx_saved_tensors, ctx_symints, ctx_opaque_objects, flat_args):\n"
+         "    return [_process_tangent_(t, m, i, None, _compile_id_, _stack_traces_)[0]\n"
+         "            for i, (t, m) in enumerate(zip(flat_args, _tangent_metas_))]\n", scope)
+    bw_prologue_fn = scope["_backward_prologue"]
+
+    def call_aot_bwd_prologue(*args):
+        return bw_prologue_fn(*args)
+    call_aot_bwd_prologue.__module__ = "torch._dynamo.compiled_autograd"
+    call_aot_bwd_prologue.__qualname__ = "AutogradCompilerInstance.proxy_call_aot_backward.<locals>." \
+                                         "call_aot_bwd_prologue"
+    return call_aot_bwd_prologue
+
+
+def test_a_backward_prologue_is_described_by_its_code_and_the_metadata_it_reads():
+    """Compiled autograd's backward prologue is keyed by the code AOTAutograd generated and every
+    global it reads: other tangent metadata is another prologue; the compile id and stack
+    traces (read for an error message only) are not part of it; a global with no identity
+    leaves it with none (the bypass stays)."""
+    import torch
+    import torch._dynamo.compiled_autograd  # noqa: F401 - what the rule looks for
+    from torch._functorch._aot_autograd.schemas import MemoryFormatMeta, PlainTensorMeta
+
+    from stableguards.autograd_cache.hooks import _compiled_autograd_identity
+
+    def meta(stride):
+        return [PlainTensorMeta(0, MemoryFormatMeta(size=torch.Size([2, 3]), stride=stride))]
+
+    described = _compiled_autograd_identity(_prologue(meta((3, 1))))
+    assert described is not None and described.startswith("compiled-autograd-prologue:")
+    assert _compiled_autograd_identity(_prologue(meta((3, 1)), "1/0", ("File x.py",))) == described
+    assert _compiled_autograd_identity(_prologue(meta((1, 2)))) != described
+    class Opaque:  # an instance of a local class: nothing names it in another process
+        pass
+    assert _compiled_autograd_identity(_prologue([Opaque()])) is None

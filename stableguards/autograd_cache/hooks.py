@@ -37,17 +37,19 @@ A graph torch caches anyway gets exactly torch's key.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
+import sys
 import types
 from dataclasses import dataclass, field
 from typing import Any
 
 from stableguards.autograd_cache import messages
-from stableguards.autograd_cache.reads import hook_graph_identity, reads_identity, versioned
-from stableguards.codes import qualified
+from stableguards.autograd_cache.reads import code_names, hook_graph_identity, reads_identity, versioned
+from stableguards.codes import code_digest, qualified
 from stableguards.components import digest_text
 from stableguards.hooks.core import Hook, active
 from stableguards.hooks.seams import current
-from stableguards.warm_start.identity import module_of_globals
+from stableguards.warm_start.identity import Identities, module_of_globals
 
 _CACHE = "torch._functorch._aot_autograd.autograd_cache"
 
@@ -121,6 +123,8 @@ def _node_identity(node: Any, keying: _Keying) -> tuple[str, str] | None:
         return None
     if isinstance(node.target, AutogradFunctionApply):
         return _custom_function(node, keying)
+    if (described := _compiled_autograd_identity(node.target)) is not None:
+        return f"compiled autograd's {node.target.__name__}", described
     if not _users(node.target):
         return None  # torch's own (a private function, an operator): torch's decision stands
     described = reads_identity(node.target)
@@ -128,6 +132,74 @@ def _node_identity(node: Any, keying: _Keying) -> tuple[str, str] | None:
         return None
     keying.unguarded.append((qualified(node.target), node.target))
     return qualified(node.target), described
+
+
+def _compiled_autograd_identity(target: Any) -> str | None:
+    """What a function compiled autograd puts in its graphs runs, told the same way in every
+    process; None for anything else.
+
+    * An op it binds from the C++ engine (``validate_outputs``, a built-in node's
+      ``apply_functional``): bound once per process, under its name, to the C++ function of
+      that name in this torch build, so the name and torch's version (in every key) say what
+      it runs; AOTAutograd traces it into aten operators the key holds.  A C++ custom
+      function (``CppNode<name><n>``: an extension's code, numbered in the order a process
+      bound them) has no such identity, nor has a node an extension defines, and a
+      non-traceable op runs a wrapper torch never caches.  Checked on the object: one of
+      compiled autograd's ``Op``s, bound as ``ops.<name>``, named for one of torch's node
+      types (``torch._C._functions``) or the engine's ``validate_outputs``.
+    * The prologue of a compiled forward's backward (``call_aot_bwd_prologue``, made for
+      each backward graph it inlines): torch's closure over the function AOTAutograd
+      generated from the forward's metadata.  Described by both codes and every global the
+      generated code reads, each plain data (``_plain``), but for the compile id and the
+      stack traces, which torch passes to ``process_runtime_tangent`` for its error message
+      only (a forward loaded from the cache in another process keeps the stack traces and
+      gets its own compile id).
+    """
+    module = sys.modules.get("torch._dynamo.compiled_autograd")
+    if module is None:
+        return None  # nothing compiled autograd made can be in a graph
+    if type(target) is getattr(module, "Op", None):
+        name = target.__name__
+        engine = name in _ENGINE_FUNCTIONS or hasattr(sys.modules["torch"]._C._functions, name)
+        bound = engine and not target.is_custom_function and getattr(module.ops, name, None) is target
+        return f"compiled-autograd-op:{name}" if bound else None
+    if not (isinstance(target, types.FunctionType) and target.__module__ == module.__name__
+            and target.__qualname__.endswith("<locals>.call_aot_bwd_prologue")
+            and target.__code__.co_freevars == ("bw_prologue_fn",)):
+        return None
+    generated = target.__closure__[0].cell_contents
+    if (not isinstance(generated, types.FunctionType) or module_of_globals(generated.__globals__) is not None
+            or generated.__closure__ or generated.__defaults__ or generated.__kwdefaults__):
+        return None  # not code AOTAutograd generated: all it reads is its globals
+    identities, parts = Identities(), []
+    for name in sorted(code_names(generated.__code__) & generated.__globals__.keys() - _MESSAGE_ONLY):
+        described = _plain(generated.__globals__[name], identities)
+        if described is None:
+            return None
+        parts.append(f"{name}={described}")
+    return (f"compiled-autograd-prologue:{code_digest(target.__code__)}:{code_digest(generated.__code__)}:"
+            f"{digest_text('; '.join(parts))}")
+
+
+# Functions of compiled autograd's engine it binds as ops, besides one per node type.
+_ENGINE_FUNCTIONS = frozenset({"validate_outputs"})
+# Globals of AOTAutograd's generated backward prologue read only for an error message.
+_MESSAGE_ONLY = frozenset({"_compile_id_", "_stack_traces_"})
+
+
+def _plain(value: Any, identities: Identities) -> str | None:
+    """``identities``' description of ``value``, where an instance of one of torch's dataclasses
+    (AOTAutograd's tangent metadata and descriptors) is its class and its fields."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) and versioned(type(value).__module__):
+        owner = identities.describe(type(value))
+        fields = [_plain(getattr(value, f.name), identities) for f in dataclasses.fields(value)]
+        if owner is None or None in fields:
+            return None
+        return f"{owner}({', '.join(fields)})"
+    if type(value) in (list, tuple):
+        items = [_plain(item, identities) for item in value]
+        return None if None in items else f"{type(value).__name__}({', '.join(items)})"
+    return identities.describe(value)
 
 
 def _users(target: Any) -> bool:
@@ -200,12 +272,20 @@ def _wrapped_hashes(call: Any, gm: Any) -> list[str]:
     return hashes
 
 
-def _reduce_local_function(call: Any, self: Any, obj: Any) -> Any:
-    """A local function in a key being computed (a checkpointing ``context_fn`` made by a
-    closure, kept in the graph's metadata) is pickled as what it runs and reads: torch's
-    pickle fails on it ("Can't pickle local object") and bypasses the cache.  A function
-    pickle can name keeps torch's by-name reduction."""
+def _reduce_by_identity(call: Any, self: Any, obj: Any) -> Any:
+    """What torch's pickle cannot name in a key being computed is pickled as its identity.
+
+    * a local function (a checkpointing ``context_fn`` made by a closure, kept in the
+      graph's metadata) as what it runs and reads: torch's pickle fails on it ("Can't
+      pickle local object") and bypasses the cache;
+    * a function compiled autograd puts in its graphs (``_compiled_autograd_identity``): an
+      op it bound from the C++ engine lives in a namespace object, not a module pickle can
+      import, and its backward prologue is a local function.
+
+    A function pickle can name keeps torch's by-name reduction."""
     keying = _KEYING.get()
+    if keying is not None and (described := _compiled_autograd_identity(obj)) is not None:
+        return str, (f"stableguards {digest_text(described)}",)
     if keying is None or not isinstance(obj, types.FunctionType) or "<locals>" not in obj.__qualname__:
         return call(self, obj)
     described = reads_identity(obj)
@@ -214,6 +294,14 @@ def _reduce_local_function(call: Any, self: Any, obj: Any) -> Any:
     if all(known != described for _, known in keying.identities):  # a context_fn is named as one already
         keying.identities.append((f"local function {qualified(obj)}", described))
     return str, (f"stableguards function {digest_text(described)}",)
+
+
+def _global_by_identity(call: Any, name: str, obj: object) -> str:
+    """A function compiled autograd put among a graph's globals is keyed by its identity, which
+    torch's import statement cannot give (``_compiled_autograd_identity``)."""
+    if _KEYING.get() is not None and (described := _compiled_autograd_identity(obj)) is not None:
+        return f"# stableguards {name}: {digest_text(described)}"
+    return call(name, obj)
 
 
 def _with_identities(call: Any, self: Any, *args: Any, **kwargs: Any) -> None:
@@ -267,8 +355,10 @@ HOOKS = [
     Hook(_CACHE, "_get_context_fn_cache_hash", "autograd_cache", _context_fn_hash, lazy=True),
     Hook(_CACHE, "_collect_wrapped_user_cache_hashes", "autograd_cache", _wrapped_hashes, lazy=True),
     Hook(_CACHE, "AOTAutogradCacheDetails.__init__", "autograd_cache", _with_identities, lazy=True),
-    Hook(_CACHE, "AOTAutogradCachePickler.reducer_override", "autograd_cache", _reduce_local_function,
+    Hook(_CACHE, "AOTAutogradCachePickler.reducer_override", "autograd_cache", _reduce_by_identity,
          params=("obj",), lazy=True),
+    Hook(_CACHE, "AOTAutogradCachePickler._format_global_for_cache_key", "autograd_cache", _global_by_identity,
+         lazy=True),
     Hook("torch._ops", "HigherOrderOperator.cacheable", "autograd_cache", _cacheable),
     Hook("torch._dynamo.guards", "GuardBuilder.AUTOGRAD_SAVED_TENSORS_HOOKS", "autograd_cache",
          _saved_tensors_hooks_guard),

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from stableguards.events import EVENTS
 
+_TORCHS_OWN = ("the function is torch's own (compiled autograd's graphs call such functions: one made for "
+               "each backward graph it inlines), which torch refuses to cache and stableguards has no "
+               "identity for: nothing in your code changes it")
 # torch's bypass reason (a prefix of it) -> what the user can do about it.
 _FIXES = (
     ("SAC context_fn", "its context_fn (or a function it reads) has no identity across processes (a closure "
                        "over an object without one, code made by exec): give the context_fn a `cache_hash` "
                        "attribute that changes whenever its policy does"),
-    ("Unsupported call_function target torch.", "the function is torch's own (compiled autograd's graphs "
-                                                "call such functions), which torch refuses to cache for "
-                                                "reasons an identity does not answer: nothing in your code "
-                                                "changes it"),
+    ("Unsupported call_function target torch.", _TORCHS_OWN),
+    ("Unsupported call_function target <function AutogradCompilerInstance.", _TORCHS_OWN),
     ("Unsupported call_function target <function TensorVariable._method_register_hook.",
      "torch calls a tensor hook registered inside the compiled function through a trampoline of its own, "
      "which its cache refuses: a hook on a tensor the function receives can be registered before the call"),

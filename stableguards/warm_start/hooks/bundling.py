@@ -59,11 +59,44 @@ def _backward_with_forward(call: Any, bw_module: Any, maybe_subclass_meta: Any, 
             or getattr(aot_config, "cache_info", None) is None):  # no entry to save: a bypassed cache
         return call(*args, aot_config, bw_compiler)
     try:
-        return call.fn(*args, dataclasses.replace(aot_config, force_non_lazy_backward_lowering=True), bw_compiler)
+        lazy, compiled = call.fn(*args, dataclasses.replace(aot_config, force_non_lazy_backward_lowering=True),
+                                 bw_compiler)
     except Exception as error:  # noqa: BLE001 - torch's lazy path, as without compiled autograd
         why = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
         leave_out(f"compiled autograd is on and its backward graph could not be compiled with the forward ({why:.150})")
-    return call(*args, aot_config, bw_compiler)
+        return call(*args, aot_config, bw_compiler)
+    if (loaded := _as_loaded(lazy.bw_module)) is not None:
+        lazy.bw_module = loaded
+    return lazy, compiled
+
+
+def _as_loaded(bw_module: Any) -> Any:
+    """The backward module a restarted process gets from the saved entry, or None.
+
+    torch saves the backward module as its Python code and loads it by tracing
+    that code again (``GraphModule.__reduce__``): node names change, and a call
+    with no tensor inputs (``full``, ``iota``) runs at load, its result kept as a
+    constant.  Compiled autograd copies this module into its own graph, so the
+    graph it made in a restarted process was not the cold one, and missed the
+    FX-graph cache there.  Given the module a restart loads, compiled autograd
+    makes one graph in both processes.  A call that would run at load and is
+    random (a seeded op with no tensor inputs) would become one fixed tensor:
+    such a module is kept as it is (a restart compiles its graph again, as torch
+    does), as is one that does not load again."""
+    import copy
+
+    import torch
+    from torch._functorch._aot_autograd.aot_autograd_result import serialize_graph_module
+
+    for node in bw_module.graph.nodes:
+        if (node.op == "call_function" and torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+                and not node.all_input_nodes):
+            return None
+    try:
+        with torch._subclasses.fake_tensor.unset_fake_temporarily():  # the loaded constants are real tensors
+            return serialize_graph_module(copy.deepcopy(bw_module)).deserialize()
+    except Exception:  # noqa: BLE001 - a module torch could not load either: kept, as torch would
+        return None
 
 
 def compiled_autograd_on() -> bool:

@@ -109,9 +109,10 @@ def _hooked(pack, unpack, hashed=False):
     return fn, (packed, unpacked)
 
 
-def _compiled_autograd_grad(x: torch.Tensor) -> torch.Tensor:
+def _compiled_autograd_grad(x: torch.Tensor) -> bool:
     """An eager model's backward compiled by compiled autograd: its graph calls the ops compiled
-    autograd binds from the C++ engine (one per node type, and ``validate_outputs``)."""
+    autograd binds from the C++ engine (one per node type, and ``validate_outputs``).  Whether
+    its gradients equal eager's."""
     from torch._dynamo import compiled_autograd
 
     torch.manual_seed(0)
@@ -127,13 +128,12 @@ def _compiled_autograd_grad(x: torch.Tensor) -> torch.Tensor:
 
 
 def run(case: str) -> dict:
-    hooks = None
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    stableguards.reset()
     if case == "compiled_autograd":
-        torch._dynamo.reset()
-        torch._dynamo.utils.counters.clear()
-        stableguards.reset()
-        ok = _compiled_autograd_grad(torch.randn(4, 8, generator=torch.Generator().manual_seed(1)))
-        return _result(ok)
+        return _result(_compiled_autograd_grad(torch.randn(4, 8, generator=torch.Generator().manual_seed(1))))
+    hooks = None
     if case == "custom_function":
         fn, shape = custom_function, (8,)
     elif case == "checkpoint":
@@ -146,9 +146,6 @@ def run(case: str) -> dict:
         (fn, hooks), shape = _hooked(_pack_wrapped, _unpack_wrapped, hashed=case.endswith("hashed")), (8,)
     else:
         raise SystemExit(f"unknown case {case}")
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    stableguards.reset()
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(1), requires_grad=True)
     # Hook graphs given as saved-tensor hooks around the compiled call are inlined into its graph.
     with torch.autograd.graph.saved_tensors_hooks(*hooks) if hooks else contextlib.nullcontext():

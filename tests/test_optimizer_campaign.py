@@ -15,7 +15,7 @@ results differ between the processes); an unchanged step starts warm: its own
 frames are installed, and so is the optimizer's own step graph where its
 state is there before the first step (restored from a checkpoint, or none).
 
-Size: STABLEGUARDS_OPTIMIZER_CAMPAIGN_CASES cases per batch (CI: 6) and
+Size: STABLEGUARDS_OPTIMIZER_CAMPAIGN_CASES cases per batch (CI: 5) and
 STABLEGUARDS_OPTIMIZER_CAMPAIGN_BATCHES batches (CI: 1, the same cases each
 run; with more, each from a random seed, printed on failure).
 """
@@ -36,7 +36,7 @@ from _optimizer_campaign import Config, OptimizerCase, optimizer_cases, own_fram
 from hypothesis import HealthCheck, Phase, given, settings
 
 CHILD = Path(__file__).resolve().parent / "_optimizer_campaign_child.py"
-CASES = int(os.environ.get("STABLEGUARDS_OPTIMIZER_CAMPAIGN_CASES", "6"))
+CASES = int(os.environ.get("STABLEGUARDS_OPTIMIZER_CAMPAIGN_CASES", "5"))
 BATCHES = int(os.environ.get("STABLEGUARDS_OPTIMIZER_CAMPAIGN_BATCHES", "1"))
 
 

@@ -34,9 +34,12 @@ def warm_start():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
 
 
-@pytest.mark.parametrize("model, activation, other", [("gpt2", "gelu_new", "relu"), ("llama", "silu", "gelu")])
+# Flag off for one model only: it shows the restart traces again without the flag (torch's
+# behaviour, the same for both models).
+@pytest.mark.parametrize("model, activation, other, flag_off", [("gpt2", "gelu_new", "relu", True),
+                                                                ("llama", "silu", "gelu", False)])
 def test_a_causal_lm_starts_warm_and_a_changed_one_is_compiled_again(warm_start, tmp_path, model, activation,
-                                                                      other):
+                                                                      other, flag_off):
     """Inference over a growing sequence: the restart traces nothing; a restart whose model
     differs (another activation function) is never served the cold one's code."""
     cold = _run(tmp_path / "on", True, model, activation)
@@ -45,5 +48,7 @@ def test_a_causal_lm_starts_warm_and_a_changed_one_is_compiled_again(warm_start,
     assert cold["ok"] and warm["ok"] and changed["ok"], (cold, warm, changed)
     assert cold["frames"] >= 1 and warm["frames"] == 0, warm["explain"]
     assert changed["frames"] >= 1, changed["explain"]
+    if not flag_off:
+        return
     off = [_run(tmp_path / "off", False, model, activation) for _ in range(2)]
     assert all(r["ok"] for r in off) and off[1]["frames"] >= 1  # flag off: the restart traces again

@@ -16,8 +16,8 @@ The same campaign also runs across two machines: cold and warm each with an empt
 dir of its own, sharing one store (other cases, flag on; the changes were shown to bite
 above).
 
-Size: STABLEGUARDS_WARM_CAMPAIGN_CASES cases per batch (CI: 12; across two machines two thirds
-of that, CI: 8) and
+Size: STABLEGUARDS_WARM_CAMPAIGN_CASES cases per batch (CI: 10; across two machines two thirds
+of that, CI: 6) and
 STABLEGUARDS_WARM_CAMPAIGN_BATCHES batches (CI: 1, the same cases each run;
 with more, each batch is drawn from a random seed, printed on failure).
 """
@@ -38,7 +38,7 @@ from _warm_campaign import MUST_COMPILE, UNOBSERVABLE, Case, Feature, cases, sou
 from hypothesis import HealthCheck, Phase, given, settings
 
 CHILD = Path(__file__).resolve().parent / "_warm_campaign_child.py"
-CASES = int(os.environ.get("STABLEGUARDS_WARM_CAMPAIGN_CASES", "12"))
+CASES = int(os.environ.get("STABLEGUARDS_WARM_CAMPAIGN_CASES", "10"))
 BATCHES = int(os.environ.get("STABLEGUARDS_WARM_CAMPAIGN_BATCHES", "1"))
 # Across two machines, two thirds as many (what differs there is where entries are found, not
 # what the grammar draws).

@@ -168,7 +168,7 @@ def test_a_compiled_autograd_op_is_named_only_where_torch_bound_it():
     under a name it was not bound to are not."""
     from torch._dynamo.compiled_autograd import Op, ops
 
-    from stableguards.autograd_cache.hooks import _compiled_autograd_identity
+    from stableguards.autograd_cache.hooks import compiled_autograd_identity
 
     bound = []
 
@@ -179,12 +179,12 @@ def test_a_compiled_autograd_op_is_named_only_where_torch_bound_it():
         return getattr(ops, op.__name__)
 
     try:
-        assert _compiled_autograd_identity(Op("MulBackward0", print, False)) is None  # not the bound one
-        assert _compiled_autograd_identity(bind(Op("MulBackward0", print, False))) == \
+        assert compiled_autograd_identity(Op("MulBackward0", print, False)) is None  # not the bound one
+        assert compiled_autograd_identity(bind(Op("MulBackward0", print, False))) == \
             "compiled-autograd-op:MulBackward0"
-        assert _compiled_autograd_identity(bind(Op("StableguardsExtensionBackward0", print, False))) is None
-        assert _compiled_autograd_identity(bind(Op("CppNodeStableguards0", print, True))) is None
-        assert _compiled_autograd_identity(print) is None
+        assert compiled_autograd_identity(bind(Op("StableguardsExtensionBackward0", print, False))) is None
+        assert compiled_autograd_identity(bind(Op("CppNodeStableguards0", print, True))) is None
+        assert compiled_autograd_identity(print) is None
     finally:
         for name in bound:
             delattr(ops, name)
@@ -220,15 +220,15 @@ def test_a_backward_prologue_is_described_by_its_code_and_the_metadata_it_reads(
     import torch._dynamo.compiled_autograd  # noqa: F401 - what the rule looks for
     from torch._functorch._aot_autograd.schemas import MemoryFormatMeta, PlainTensorMeta
 
-    from stableguards.autograd_cache.hooks import _compiled_autograd_identity
+    from stableguards.autograd_cache.hooks import compiled_autograd_identity
 
     def meta(stride):
         return [PlainTensorMeta(0, MemoryFormatMeta(size=torch.Size([2, 3]), stride=stride))]
 
-    described = _compiled_autograd_identity(_prologue(meta((3, 1))))
+    described = compiled_autograd_identity(_prologue(meta((3, 1))))
     assert described is not None and described.startswith("compiled-autograd-prologue:")
-    assert _compiled_autograd_identity(_prologue(meta((3, 1)), "1/0", ("File x.py",))) == described
-    assert _compiled_autograd_identity(_prologue(meta((1, 2)))) != described
+    assert compiled_autograd_identity(_prologue(meta((3, 1)), "1/0", ("File x.py",))) == described
+    assert compiled_autograd_identity(_prologue(meta((1, 2)))) != described
     class Opaque:  # an instance of a local class: nothing names it in another process
         pass
-    assert _compiled_autograd_identity(_prologue([Opaque()])) is None
+    assert compiled_autograd_identity(_prologue([Opaque()])) is None

@@ -140,6 +140,24 @@ def warm_start_training() -> None:
     torch.testing.assert_close(x.grad, expected)
 
 
+def warm_start_compiled_autograd() -> None:
+    """A training step under compiled autograd: its graph is compiled with flat inputs."""
+    model = torch.nn.Linear(4, 2)
+
+    def step(x):
+        loss = model(x).sum()
+        loss.backward()
+        return loss.detach()
+
+    x = torch.randn(3, 4)
+    with torch._dynamo.config.patch(compiled_autograd=True):
+        torch.compile(step)(x)
+    expected = model.weight.grad.clone()
+    model.weight.grad = None
+    step(x)
+    torch.testing.assert_close(model.weight.grad, expected)
+
+
 @torch._dynamo.assume_constant_result
 def _constant():
     return 3.0
@@ -223,6 +241,8 @@ def workload_for(hook) -> None:
         autograd_cache_calls()
     elif hook.target in ("_AutogradBackwardCompiler.get_or_compile", "_aot_stage2b_bw_compile"):
         warm_start_training()
+    elif hook.target == "GmWrapper.__init__":
+        warm_start_compiled_autograd()
     elif hook.target == "invoke_and_store_as_constant":
         warm_start_constants()
     elif hook.part == "warm_start":

@@ -179,9 +179,9 @@ def test_checkpointing_policies_and_graphs_with_nothing_to_compute(tmp_path):
 
 def test_training_steps_under_compiled_autograd(tmp_path):
     """Under compiled autograd a training step (the program, then its backward, in one compiled
-    function) starts warm unchanged, compiled autograd's own graphs aside (made in every
-    process); a changed program, policy or hook is compiled again and equals eager, and turning
-    compiled autograd off finds no entry of the steps compiled with it."""
+    function) starts warm unchanged, compiled autograd's own graphs included; a changed
+    program, policy or hook is compiled again and equals eager, and turning compiled autograd
+    off finds no entry of the steps compiled with it."""
     if not _warm_start_available():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     kinds = (("module_global", False), ("module_hook", True), ("checkpoint_policy", False),

@@ -302,6 +302,65 @@ def test_a_cycle_names_the_object_instead_of_recursing():
     assert ids(_Child) == ids(_Child) == identity(_Child)
 
 
+def _fx_scope(source: str, thing: object = None) -> tuple[dict, types.FunctionType]:
+    """Globals as torch.fx makes them for a graph module's code (a fresh dict, exec'd into, the
+    function taken out of it), and the function."""
+    scope = {"__builtins__": __builtins__, "torch_ops_thing": _Child if thing is None else thing}
+    exec(compile(source, "<eval_with_key>.7", "exec"), scope)
+    return scope, scope.pop("forward")
+
+
+def test_torch_fx_code_is_homed_by_its_code_and_every_global():
+    from stableguards.warm_start import fx_home
+    from stableguards.warm_start.identity import module_of_globals
+
+    def home(scope_and_forward: tuple[dict, types.FunctionType]) -> tuple[str | None, str]:
+        scope, forward = scope_and_forward
+        return fx_home.home_name(forward.__code__, scope, identity)
+
+    source = "def forward(self, x):\n    return torch_ops_thing(x)\n"
+    one, forward = _fx_scope(source)
+    name, _ = home((one, forward))
+    assert name is not None and name.startswith(fx_home.PREFIX)
+    assert home(_fx_scope(source))[0] == name  # the same graph made again, as by another process
+    assert home(_fx_scope(source, thing=_Base))[0] != name  # a global differs: another home, another key
+    assert home(_fx_scope("def forward(self, x):\n    return torch_ops_thing(x, 2)\n"))[0] != name
+    assert home(_fx_scope(source, thing=types.SimpleNamespace())) == (None, "torch_ops_thing")
+    assert identity(forward) is None  # globals that are no module's, yet
+    graph_class = type("GraphModuleImpl", (), {"forward": forward})
+    try:
+        assert fx_home.register(one, name, graph_class) == name
+        assert module_of_globals(one) == name and vars(sys.modules[name]) is one
+        assert fx_home.class_at(name) is graph_class and fx_home.home_of_class(graph_class) == name
+        assert identity(forward) is not None  # a function in those globals now has a module
+    finally:
+        sys.modules.pop(name, None)
+        fx_home._CLASSES.pop(name, None)
+
+
+def test_a_graph_modules_own_class_is_its_methods_and_none_type_its_name():
+    torch_fx = pytest.importorskip("torch.fx")
+    from stableguards.warm_start import fx_home
+
+    def f(x):
+        return x + 1
+
+    described = []
+    for _ in range(2):  # two graph modules of one graph, as two processes make them
+        gm = torch_fx.symbolic_trace(f)
+        scope = type(gm).forward.__globals__
+        assert identity(type(gm)) is None  # not importable, and its code has no module yet
+        name, _ = fx_home.home_name(type(gm).forward.__code__, scope, identity)
+        try:
+            fx_home.register(scope, name, type(gm))
+            described.append(identity(type(gm)))
+        finally:
+            sys.modules.pop(name, None)
+            fx_home._CLASSES.pop(name, None)
+    assert described[0] is not None and described[0] == described[1]
+    assert identity(type(None)) == "class:NoneType"
+
+
 def test_identities_are_the_same_in_every_process():
     script = textwrap.dedent("""
         import sys

@@ -21,6 +21,7 @@ import functools
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -454,15 +455,17 @@ def test_a_kernel_missing_from_the_cache_dir_is_built_again_on_load(tmp_path):
 def _cold_then_warm(script: str, cache: Path) -> list[dict]:
     """``script`` (given the tests' directory) in a cold process, then a warm one on the same
     cache dir: what each printed last, as JSON."""
+    return [_run_script(script, cache) for _ in range(2)]
+
+
+def _run_script(script: str, cache: Path, **extra: str) -> dict:
+    """``script`` in a fresh process on ``cache`` (``extra``: more environment)."""
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache))
-    runs = []
-    for _ in range(2):
-        proc = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent)], env=env,
-                              capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    return runs
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), **extra)
+    proc = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent)], env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 NOTHING_TO_COMPUTE = textwrap.dedent("""
@@ -517,7 +520,7 @@ _TRAINING_STEP = textwrap.dedent("""
 
 
 COMPILED_AUTOGRAD = textwrap.dedent("""
-    import copy, json, sys, torch
+    import copy, json, os, sys, torch
     torch._dynamo.config.stable_guards = True
     torch._dynamo.config.compiled_autograd = True
     import stableguards
@@ -528,6 +531,11 @@ COMPILED_AUTOGRAD = textwrap.dedent("""
 
 """) + _TRAINING_STEP + textwrap.dedent("""
 
+    if os.environ.get("HOOKED"):  # a gradient hook, a closure: compiled autograd's graph calls it
+        sys.path.insert(0, os.environ["HOOK_DIR"])
+        from _ca_hook import scaled
+        for m in (model, twin):
+            m[0].weight.register_hook(scaled(float(os.environ["HOOKED"])))
     compiled = torch.compile(step)
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
     ok = True
@@ -546,22 +554,31 @@ def test_compiled_autograd_step_starts_warm(tmp_path):
     """Compiled autograd traces a training step's backward itself, so AOTAutograd never compiled
     the backward graph the step's entry needs, and the entry was never saved (it used to wait
     for it forever).  Under compiled autograd the backward is compiled with the forward: the
-    step's entry is saved with the backward module, a restart installs it (Dynamo traces only
-    compiled autograd's own graph) and compiled autograd re-traces the saved module.  The cold
-    process's compiled autograd inlines the backward module as a restart loads it, so both make
-    one graph, and the restart's FX-graph cache hits it; its AOTAutograd entry hits too (the
-    functions compiled autograd puts in it are keyed by their identities)."""
+    step's entry is saved with the backward module, a restart installs it and compiled autograd
+    re-traces the saved module.  The cold process's compiled autograd inlines the backward
+    module as a restart loads it, so both make one graph, and its entry, saved under a module
+    named by that graph's code and globals (``warm_start.fx_home``), is installed: the restart
+    traces nothing.  A restart whose backward differs (a gradient hook compiled autograd's
+    graph calls) makes another graph: compiled, never served the cold one's code.  One whose
+    hook differs only in what its closure holds makes the same graph, in the same module: its
+    entry is installed, and its guards on the hook refuse the call."""
     if not _warm_start_available():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     cold, warm = runs = _cold_then_warm(COMPILED_AUTOGRAD, tmp_path)
-    for run in runs:
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "_ca_hook.py").write_text("def scaled(k):\n    return lambda grad: grad * k\n")
+    hooked = _run_script(COMPILED_AUTOGRAD, tmp_path, HOOKED="2", HOOK_DIR=str(tmp_path / "hook"))
+    rehooked = _run_script(COMPILED_AUTOGRAD, tmp_path, HOOKED="3", HOOK_DIR=str(tmp_path / "hook"))
+    for run in (*runs, hooked, rehooked):
         assert run["ok"] and "fallbacks" not in run["explain"], run["explain"]
         assert "entry saved once all its graphs are compiled" not in run["explain"], run["explain"]
-    assert "step" in cold["traced"] and cold["aot"][1] > 0, cold
-    assert "installed its saved compiled entry" in warm["explain"], warm
-    assert not [name for name in warm["traced"] if "step" in name], warm  # the step and its resume function
-    assert warm["fx"][1] == 0 and warm["fx"][0] > 0, warm  # compiled autograd's graph: one graph in both
-    assert warm["aot"] == [1, 0, 0], warm
+    assert "step" in cold["traced"] and "forward" in cold["traced"] and cold["aot"][1] > 0, cold
+    assert "forward (<eval_with_key>" in cold["explain"] and "left out" not in cold["explain"], cold["explain"]
+    assert warm["explain"].count("installed its saved compiled entry") == 2, warm["explain"]
+    assert warm["traced"] == [] and warm["fx"] == [0, 0] and warm["aot"] == [0, 0, 0], warm
+    assert hooked["traced"] == ["forward"], hooked  # compiled autograd's graph; the step is installed
+    assert rehooked["traced"] == ["forward"], rehooked
+    assert re.search(r"forward \(<eval_with_key>\.\d+:\d+\) installed", rehooked["explain"]), rehooked["explain"]
 
 
 BACKWARD_FAILS_ALONE = textwrap.dedent("""

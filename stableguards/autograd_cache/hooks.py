@@ -123,7 +123,7 @@ def _node_identity(node: Any, keying: _Keying) -> tuple[str, str] | None:
         return None
     if isinstance(node.target, AutogradFunctionApply):
         return _custom_function(node, keying)
-    if (described := _compiled_autograd_identity(node.target)) is not None:
+    if (described := compiled_autograd_identity(node.target)) is not None:
         return f"compiled autograd's {node.target.__name__}", described
     if not _users(node.target):
         return None  # torch's own (a private function, an operator): torch's decision stands
@@ -134,7 +134,7 @@ def _node_identity(node: Any, keying: _Keying) -> tuple[str, str] | None:
     return qualified(node.target), described
 
 
-def _compiled_autograd_identity(target: Any) -> str | None:
+def compiled_autograd_identity(target: Any) -> str | None:
     """What a function compiled autograd puts in its graphs runs, told the same way in every
     process; None for anything else.
 
@@ -278,13 +278,13 @@ def _reduce_by_identity(call: Any, self: Any, obj: Any) -> Any:
     * a local function (a checkpointing ``context_fn`` made by a closure, kept in the
       graph's metadata) as what it runs and reads: torch's pickle fails on it ("Can't
       pickle local object") and bypasses the cache;
-    * a function compiled autograd puts in its graphs (``_compiled_autograd_identity``): an
+    * a function compiled autograd puts in its graphs (``compiled_autograd_identity``): an
       op it bound from the C++ engine lives in a namespace object, not a module pickle can
       import, and its backward prologue is a local function.
 
     A function pickle can name keeps torch's by-name reduction."""
     keying = _KEYING.get()
-    if keying is not None and (described := _compiled_autograd_identity(obj)) is not None:
+    if keying is not None and (described := compiled_autograd_identity(obj)) is not None:
         return str, (f"stableguards {digest_text(described)}",)
     if keying is None or not isinstance(obj, types.FunctionType) or "<locals>" not in obj.__qualname__:
         return call(self, obj)
@@ -298,8 +298,8 @@ def _reduce_by_identity(call: Any, self: Any, obj: Any) -> Any:
 
 def _global_by_identity(call: Any, name: str, obj: object) -> str:
     """A function compiled autograd put among a graph's globals is keyed by its identity, which
-    torch's import statement cannot give (``_compiled_autograd_identity``)."""
-    if _KEYING.get() is not None and (described := _compiled_autograd_identity(obj)) is not None:
+    torch's import statement cannot give (``compiled_autograd_identity``)."""
+    if _KEYING.get() is not None and (described := compiled_autograd_identity(obj)) is not None:
         return f"# stableguards {name}: {digest_text(described)}"
     return call(name, obj)
 

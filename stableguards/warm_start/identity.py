@@ -27,7 +27,10 @@ leaves the entry out rather than trust a name.
   properties) by this rule.  Dynamo trusts a class's methods while its
   identity holds, so a method patched in one process and not in the other
   changes the class's identity; class attributes that are values are guarded
-  by Dynamo when a compile reads them;
+  by Dynamo when a compile reads them.  The class torch.fx makes for each graph
+  module is not importable: its methods name it (its ``forward`` runs in the
+  globals ``warm_start.fx_home`` names by their content); ``NoneType`` and the
+  other singleton types, by name;
 * a bound method, ``functools.partial``, an enum member: their parts; a weak
   reference by what it refers to (code that holds one uses that object while
   it lives: an lr scheduler's wrapper of ``optimizer.step``);
@@ -282,7 +285,9 @@ class Identities:
         return None if described is None else f"optimizer:{owner}#{_digest(described)}"
 
     def _class(self, cls: type) -> str | None:
-        if not _importable(cls):
+        if cls in _SINGLETON_TYPES:
+            return f"class:{cls.__name__}"
+        if not _importable(cls) and not _fx_graph_class(cls):
             return None
         methods = []
         for klass in cls.__mro__:
@@ -341,6 +346,18 @@ def _builtin(fn: types.BuiltinFunctionType) -> str | None:
         except AttributeError:
             continue
     return None
+
+
+def _fx_graph_class(cls: type) -> bool:
+    """The class torch.fx makes for each graph module (``GraphModuleImpl``, local to
+    ``GraphModule.__new__``): not importable, and told apart by its methods, its ``forward``
+    being the graph's code in the globals of the module ``warm_start.fx_home`` names."""
+    return (cls.__module__, cls.__qualname__) == ("torch.fx.graph_module",
+                                                  "GraphModule.__new__.<locals>.GraphModuleImpl")
+
+
+# Types with one instance each and no name to import them by (``NoneType`` is not in ``builtins``).
+_SINGLETON_TYPES = (type(None), type(Ellipsis), type(NotImplemented))
 
 
 def _importable(cls: type) -> bool:

@@ -41,7 +41,7 @@ def entry_key(*, torch_key: str, fn: Any, backend: str, options: Mapping[str, An
         ("torch_key", torch_key),
         ("module", str(getattr(function, "__module__", None))),
         ("qualname", function.__qualname__),
-        ("file", code.co_filename),
+        ("file", _FX_FILE if code.co_filename.startswith("<eval_with_key>") else code.co_filename),
         ("code", code_digest(code)),
         ("receiver", qualified(type(receiver)) if receiver is not None else "-"),
         ("backend", backend),
@@ -49,6 +49,11 @@ def entry_key(*, torch_key: str, fn: Any, backend: str, options: Mapping[str, An
     components += [(f"option.{name}", stable_repr(value)) for name, value in sorted(options.items())]
     components += [(f"config.{name}", config_digest(values)) for name, values in configs.items()]
     return Components(tuple(components))
+
+
+# torch.fx names the code it generates by a per-process counter (<eval_with_key>.N); the
+# module component names that code by its content (warm_start.fx_home).
+_FX_FILE = "<torch.fx generated code>"
 
 
 def config_digest(values: Mapping[str, Any]) -> str:

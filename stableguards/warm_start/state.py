@@ -27,6 +27,9 @@ class WarmStart:
             "stableguards_warm_bundling", default=False)
         # The backend ids (__compiled_fn_N_<uuid>) of graphs compiled for our packages.
         self.backend_ids: set[str] = set()
+        # Backend ids of our graphs inductor compiled with flattened inputs (compiled autograd's
+        # graphs: hooks.bundling._flattened).
+        self.flattened: set[str] = set()
         # The backend id whose backward is being compiled on first use, for a graph of ours.
         self.backward_of: contextvars.ContextVar[str | None] = contextvars.ContextVar(
             "stableguards_warm_backward_of", default=None)

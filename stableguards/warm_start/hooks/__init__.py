@@ -55,7 +55,7 @@ from stableguards.store import ContentStore, open_store
 from stableguards.store import messages as store_messages
 from stableguards.store.hooks import cpu_isa
 from stableguards.store.content import lease_seconds
-from stableguards.warm_start import messages, variants
+from stableguards.warm_start import fx_home, messages, variants
 from stableguards.warm_start.hooks import bundling, graph_params, guards, loaded, proofs
 from stableguards.warm_start.identity import module_of_globals
 from stableguards.warm_start.index import changed_components, write_index
@@ -128,10 +128,10 @@ def _context_call(call: Any, self: Any, fn: Any) -> Any:
         return call(self, fn)
     target = _target(fn)
     code = getattr(getattr(target, "__func__", target), "__code__", None)
-    home = _home(target) if code is not None else None
+    home, unnamed = _home(target) if code is not None else (None, "")
     if code is not None and home is None:
         messages.left_out(frame_label(code), "its globals are no module's: a restarted process could not find "
-                                             "where to install its entry")
+                                             "where to install its entry" + unnamed)
         self._package = None
         return call(self, fn)
     key = _key_for(ours, target) if code is not None else None
@@ -142,14 +142,48 @@ def _context_call(call: Any, self: Any, fn: Any) -> Any:
     # Warm start is for a restarted process.  An entry this process saved itself
     # is not loaded back (after torch._dynamo.reset(), say): torch's own caches
     # serve that compile, as without the flag.
-    entry = _load(key, code) if key.digest not in STATE.saved_here else None
-    _initialize(package, _installed_as(target, home), entry, code, key)
+    import torch._dynamo
+
+    # Never traced by Dynamo: compiled autograd asks for its graph's compile while the
+    # frame that ran backward() is still under Dynamo's callback, which would trace the
+    # loading code's frames (a dataclass's generated __init__).
+    torch._dynamo.disable(_load_and_initialize)(package, target, home, code, key)
     return call(self, fn)
 
 
-def _home(target: Any) -> str | None:
-    """The module whose globals ``target``'s code runs in, or None."""
-    return module_of_globals(getattr(getattr(target, "__func__", target), "__globals__", {}))
+def _load_and_initialize(package: Any, target: Any, home: str, code: Any, key: Components) -> None:
+    entry = _load(key, code) if key.digest not in STATE.saved_here else None
+    _initialize(package, _installed_as(target, home), entry, code, key)
+
+
+def _home(target: Any) -> tuple[str | None, str]:
+    """The module whose globals ``target``'s code runs in, or None and why.  A graph module's
+    ``forward`` runs in torch.fx's own globals: its home is named by its code and the
+    identities of those globals (``warm_start.fx_home``)."""
+    function = getattr(target, "__func__", target)
+    scope = getattr(function, "__globals__", {})
+    found = module_of_globals(scope)
+    if found is not None or not _fx_forward(target):
+        return found, ""
+    from stableguards.autograd_cache.hooks import compiled_autograd_identity
+    from stableguards.warm_start.identity import Identities
+
+    identities = Identities()
+    name, unnamed = fx_home.home_name(function.__code__, scope,
+                                      lambda v: identities.describe(v) or compiled_autograd_identity(v))
+    if name is None:
+        return None, f" (torch.fx's globals of a graph module, where {unnamed!r} has no identity)"
+    return fx_home.register(scope, name, type(target.__self__)), ""
+
+
+def _fx_forward(target: Any) -> bool:
+    """Whether ``target`` is a graph module's ``forward`` as torch.fx generated it."""
+    import torch.fx
+
+    owner = getattr(target, "__self__", None)
+    function = getattr(target, "__func__", None)
+    return isinstance(owner, torch.fx.GraphModule) and function is vars(type(owner)).get("forward") \
+        and function.__code__.co_filename.startswith("<eval_with_key>") and function.__closure__ is None
 
 
 def _installed_as(target: Any, home: str) -> Any:
@@ -233,7 +267,8 @@ def _read_entry(data: bytes) -> Any:
 
     entry = pickle.loads(data)  # noqa: S301 - verified (digest, and the HMAC with a key) by the store
     for backend in entry.backends.values():
-        if not isinstance(backend, BackendCacheArtifact):
+        inner = backend.content if isinstance(backend, bundling.FlatInputsArtifact) else backend
+        if not isinstance(inner, BackendCacheArtifact):
             raise TypeError(f"a saved backend is a {type(backend).__name__}, not a BackendCacheArtifact")
         PrecompileContext.record_artifact(backend)
     return entry
@@ -600,8 +635,9 @@ def _entry_bytes(entry: Any) -> bytes:
 
 def _record_artifact(call: Any, cls: Any, artifact: Any) -> None:
     """A graph's compiled artifact arrived (a backward, compiled on first use): save the
-    packages that waited for one."""
-    call(cls, artifact)
+    packages that waited for one.  One compiled with flat inputs is recorded with what
+    flattens them (``bundling.flat_inputs``)."""
+    call(cls, bundling.flat_inputs(artifact))
     for package, record in list(STATE.pending.items()):
         if package.current_entry is None:  # one being compiled is saved when its compile ends
             _save(package, record.ours, record.frame)

@@ -254,6 +254,58 @@ def _add_backend_id(call: Any, self: Any, backend_id: str, *args: Any, **kwargs:
     return call(self, backend_id, *args, **kwargs)
 
 
+def _flattened(call: Any, self: Any, gm: Any, unflatten_fn: Any) -> None:
+    """Compiled autograd's graph takes its inputs as a list Dynamo keeps whole (so that
+    compiled autograd can free it early); inductor compiles it with flat inputs, behind a
+    wrapper (``flatten_graph_inputs``) whose module drops the graph's backend id, so
+    AOTAutograd recorded no artifact for the package.  The wrapper of one of our graphs
+    carries the id, and the artifact is recorded with what flattens its inputs in a
+    restart (``FlatInputsArtifact``).  Only compiled autograd's own layout (a list, then
+    sizes and scalars: ``flatten_graph_inputs``' fast path) is carried."""
+    call(self, gm, unflatten_fn)
+    import torch._dynamo.compiled_autograd as compiled_autograd
+
+    backend_id = getattr(gm, "_backend_id", None)
+    if not (_ours(backend_id) and compiled_autograd.in_compiled_autograd_region):
+        return
+    stolen = [i for i, node in enumerate(gm.graph.nodes)
+              if node.op == "placeholder" and node.meta.get("steal_arg", False)]
+    if stolen == [0]:
+        self._backend_id = backend_id
+        STATE.flattened.add(backend_id)
+
+
+class FlatInputsArtifact:
+    """A saved graph compiled with flat inputs (``_flattened``): the bundled AOTAutograd
+    artifact, called as ``flatten_graph_inputs``' wrapper calls it.  The first argument is
+    compiled autograd's list of tensors, flattened in front of the others and cleared (the
+    list is the wrapper's to free, as in torch's)."""
+
+    def __init__(self, key: str, content: Any) -> None:
+        self.key, self.content = key, content
+
+    def after_deserialization(self) -> Any:
+        compiled = self.content.after_deserialization()
+
+        def flattened(*args: Any) -> Any:
+            flat = args[0] + list(args[1:])
+            args[0].clear()
+            return compiled(*flat)
+
+        return flattened
+
+    def edit_contents(self, edit_fn: Any) -> None:
+        self.content.edit_contents(edit_fn)
+
+
+def flat_inputs(artifact: Any) -> Any:
+    """``artifact`` as it is recorded for a package: wrapped where its graph was compiled with
+    flat inputs (``_flattened``)."""
+    if artifact.key in STATE.flattened and not isinstance(artifact, FlatInputsArtifact):
+        return FlatInputsArtifact(artifact.key, artifact)
+    return artifact
+
+
 def _ours(backend_id: str | None) -> bool:
     return backend_id is not None and (STATE.frame.get() is not None or backend_id in STATE.backend_ids)
 
@@ -307,6 +359,7 @@ HOOKS = [
          params=("aot_config",), lazy=True),
     Hook(_AUTOGRAD_CACHE, "sanitize_gm_for_cache", "warm_start", _sanitized_for_key, params=("gm",), lazy=True),
     Hook(_PACKAGE, "CompilePackage.add_backend_id", "warm_start", _add_backend_id, params=("backend_id",)),
+    Hook("torch._dynamo.utils", "GmWrapper.__init__", "warm_start", _flattened, params=("gm", "unflatten_fn")),
     Hook("torch._inductor.output_code", "CompiledFxGraph.after_deserialization", "warm_start",
          _load_compiled_graph, params=("constants",), lazy=True),
     Hook("torch._inductor.codecache", "write", "warm_start", _kernel_source, lazy=True),

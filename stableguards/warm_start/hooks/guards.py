@@ -16,6 +16,7 @@ from typing import Any
 from stableguards.codes import code_at, code_path
 from stableguards.hooks.core import Hook, TorchError
 from stableguards.warm_start.guard_rules import FIRST_CALL, FIRST_CALLS_OBJECT, FIRST_CALLS_VERSION, Unprovable
+from stableguards.warm_start import fx_home
 from stableguards.warm_start.hooks import graph_params, proofs
 from stableguards.warm_start.identity import by_state, module_copy
 from stableguards.warm_start.state import STATE, Binding, VersionBinding
@@ -80,6 +81,8 @@ def _serialize_guards(call: Any, self: Any, builder: Any, sorted_guards: list, o
         if id(guard) in alive:
             continue
         replacement = replacements[id(guard)]
+        if guard._unserializable is not None and fx_home.home_of_class(guard._unserializable):
+            guard = dataclasses.replace(guard, _unserializable=None)  # saved by its home's name (_reduce_code)
         if replacement is not None:
             _keep_builtin(self, guard, output_graph)
             guard = dataclasses.replace(guard, create_fn=replacement, guard_types=None)
@@ -369,6 +372,19 @@ def _reduce_code(call: Any, self: Any, obj: Any) -> Any:
         path = code_path(obj)
         if path is not None:
             return code_at, path
+    if STATE.frame.get() is not None and isinstance(obj, type) and (home := fx_home.home_of_class(obj)):
+        # A graph module's class (torch.fx makes one per graph, local to its __new__): by its
+        # home's name, rebuilt against the class registered there in a restarted process.
+        return fx_home.class_at, (home,)
+    if STATE.frame.get() is not None and fx_home.home_of_class(type(obj)):
+        # A graph module, as its nn.Module state: what guards on it read (its buffers,
+        # parameters, submodules, hooks), without its graph, whose nodes call objects
+        # only its home's name stands for.  Its class is checked by identity in the proof.
+        import torch
+
+        state = vars(torch.nn.Module())
+        return _bare_object, (type(obj),), {k: v for k, v in vars(obj).items() if k in state}, None, None, \
+            _set_attributes
     if STATE.frame.get() is not None and by_state(obj):
         # An optimizer, as what it holds, without its own __setstate__: Adam's reads each
         # parameter's step count, which torch's pickler prunes where no guard reads it.
@@ -380,6 +396,12 @@ def _reduce_code(call: Any, self: Any, obj: Any) -> Any:
 
 def _new_object(cls: type) -> Any:
     return cls.__new__(cls)
+
+
+def _bare_object(cls: type) -> Any:
+    """An instance of ``cls`` made without its ``__new__``: ``GraphModule.__new__`` makes a new
+    class for every instance."""
+    return object.__new__(cls)
 
 
 def _set_attributes(obj: Any, attributes: dict) -> None:

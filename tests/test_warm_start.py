@@ -581,6 +581,48 @@ def test_compiled_autograd_step_starts_warm(tmp_path):
     assert re.search(r"forward \(<eval_with_key>\.\d+:\d+\) installed", rehooked["explain"]), rehooked["explain"]
 
 
+FX_GRAPH_MODULE = textwrap.dedent("""
+    import json, os, sys, torch, torch.fx
+    sys.path.insert(0, sys.argv[1])
+    sys.path.insert(0, os.environ["WRAPPED_DIR"])
+    from _traced import TRACED
+    torch._dynamo.config.stable_guards = True
+    import stableguards
+    from _fx_wrapped import scale
+
+    torch.fx.wrap("scale")
+
+    def f(x):
+        return scale(x) + 1
+
+    gm = torch.fx.symbolic_trace(f)
+    x = torch.randn(4)
+    with torch.no_grad():
+        ok = torch.allclose(torch.compile(gm)(x), f(x))
+    print(json.dumps({"ok": bool(ok), "traced": [code.co_name for code in TRACED],
+                      "explain": stableguards.explain()}))
+""")
+
+
+def test_a_graph_modules_code_is_keyed_by_what_its_globals_are(tmp_path):
+    """A graph module torch.fx generated runs in globals of its own; its entry is keyed by its
+    code and what every one of them is (``warm_start.fx_home``): a restart whose graph has the
+    same code but calls a function whose body differs finds no entry for it."""
+    if not _warm_start_available():
+        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
+    wrapped = tmp_path / "wrapped"
+    wrapped.mkdir()
+    runs = []
+    for body in ("x * 2", "x * 2", "x * 3"):
+        (wrapped / "_fx_wrapped.py").write_text(f"def scale(x):\n    return {body}\n")
+        runs.append(_run_script(FX_GRAPH_MODULE, tmp_path / "cache", WRAPPED_DIR=str(wrapped)))
+    cold, warm, changed = runs
+    assert all(run["ok"] for run in runs), runs
+    assert cold["traced"] == ["forward"] and warm["traced"] == [], warm["explain"]
+    assert changed["traced"] == ["forward"], changed["explain"]
+    assert "saved entry" not in changed["explain"], changed["explain"]  # none under its key
+
+
 BACKWARD_FAILS_ALONE = textwrap.dedent("""
     import copy, json, torch
     torch._dynamo.config.stable_guards = True

@@ -134,7 +134,10 @@ def _context_call(call: Any, self: Any, fn: Any) -> Any:
                                              "where to install its entry" + unnamed)
         self._package = None
         return call(self, fn)
-    key = _key_for(ours, target) if code is not None else None
+    # Keyed as the package records it: by the module its code runs in (for torch.fx's code,
+    # the home that names its globals; for a functools.wraps wrapper, its own module).
+    installed = _installed_as(target, home) if code is not None else None
+    key = _key_for(ours, installed) if code is not None else None
     if code is None or not _claim(code, key.digest if key is not None else None) or key is None:
         self._package = None  # torch's compile, without a package
         return call(self, fn)
@@ -147,13 +150,13 @@ def _context_call(call: Any, self: Any, fn: Any) -> Any:
     # Never traced by Dynamo: compiled autograd asks for its graph's compile while the
     # frame that ran backward() is still under Dynamo's callback, which would trace the
     # loading code's frames (a dataclass's generated __init__).
-    torch._dynamo.disable(_load_and_initialize)(package, target, home, code, key)
+    torch._dynamo.disable(_load_and_initialize)(package, installed, code, key)
     return call(self, fn)
 
 
-def _load_and_initialize(package: Any, target: Any, home: str, code: Any, key: Components) -> None:
+def _load_and_initialize(package: Any, installed: Any, code: Any, key: Components) -> None:
     entry = _load(key, code) if key.digest not in STATE.saved_here else None
-    _initialize(package, _installed_as(target, home), entry, code, key)
+    _initialize(package, installed, entry, code, key)
 
 
 def _home(target: Any) -> tuple[str | None, str]:

@@ -35,6 +35,8 @@ from stableguards.codes import code_digest
 from stableguards.components import digest_text
 
 PREFIX = "stableguards.fx_graphs."
+# How the file name torch.fx gives the code it generates begins (a per-process counter follows).
+FILE_PREFIX = "<eval_with_key>"
 # What torch.fx puts in every graph's globals that is the scope's own, not a value code reads.
 _SCOPE_OWN = frozenset({"__builtins__", "__name__"})
 

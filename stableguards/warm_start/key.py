@@ -22,6 +22,7 @@ from typing import Any
 
 from stableguards.codes import code_digest, qualified
 from stableguards.components import Components, digest_text, stable_repr
+from stableguards.warm_start import fx_home
 
 
 def entry_key(*, torch_key: str, fn: Any, backend: str, options: Mapping[str, Any],
@@ -41,7 +42,7 @@ def entry_key(*, torch_key: str, fn: Any, backend: str, options: Mapping[str, An
         ("torch_key", torch_key),
         ("module", str(getattr(function, "__module__", None))),
         ("qualname", function.__qualname__),
-        ("file", _FX_FILE if code.co_filename.startswith("<eval_with_key>") else code.co_filename),
+        ("file", _FX_FILE if code.co_filename.startswith(fx_home.FILE_PREFIX) else code.co_filename),
         ("code", code_digest(code)),
         ("receiver", qualified(type(receiver)) if receiver is not None else "-"),
         ("backend", backend),

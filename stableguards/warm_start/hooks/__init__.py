@@ -186,7 +186,7 @@ def _fx_forward(target: Any) -> bool:
     owner = getattr(target, "__self__", None)
     function = getattr(target, "__func__", None)
     return isinstance(owner, torch.fx.GraphModule) and function is vars(type(owner)).get("forward") \
-        and function.__code__.co_filename.startswith("<eval_with_key>") and function.__closure__ is None
+        and function.__code__.co_filename.startswith(fx_home.FILE_PREFIX) and function.__closure__ is None
 
 
 def _installed_as(target: Any, home: str) -> Any:

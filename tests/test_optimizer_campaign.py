@@ -30,10 +30,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import hypothesis
 import pytest
+from _drawing import draw
 from _optimizer_campaign import Config, OptimizerCase, optimizer_cases, own_frames, steps_module
-from hypothesis import HealthCheck, Phase, given, settings
 
 CHILD = Path(__file__).resolve().parent / "_optimizer_campaign_child.py"
 CASES = int(os.environ.get("STABLEGUARDS_OPTIMIZER_CAMPAIGN_CASES", "5"))
@@ -157,20 +156,6 @@ def test_two_names_for_one_optimizer_are_never_served_two_optimizers(tmp_path):
     assert "saved entry was not used" in warm["explain"] and "(one object at L['a'], L['b'])" in warm["explain"]
 
 
-def _draw(size: int, seed: int | None) -> list[OptimizerCase]:
-    drawn: dict[OptimizerCase, None] = {}
-
-    @settings(max_examples=size * 4, database=None, deadline=None, phases=[Phase.generate],
-              derandomize=seed is None, suppress_health_check=list(HealthCheck))
-    @given(case=optimizer_cases())
-    def collect(case: OptimizerCase) -> None:
-        drawn.setdefault(case)
-
-    if seed is not None:
-        collect = hypothesis.seed(seed)(collect)
-    collect()
-    return [dataclasses.replace(c, name=f"case{i}") for i, c in enumerate(list(drawn)[-size:])]
-
 
 @pytest.mark.parametrize("batch_index", range(BATCHES))
 def test_a_warm_training_step_is_never_served_another_optimizers_step(batch_index, tmp_path_factory):
@@ -178,7 +163,7 @@ def test_a_warm_training_step_is_never_served_another_optimizers_step(batch_inde
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     seed = None if BATCHES == 1 else random.randrange(2**32)
     print(f"seed {seed}")
-    batch = _draw(CASES, seed)
+    batch = draw(optimizer_cases(), CASES, seed)
     on = _cold_then_warm(tmp_path_factory.mktemp("on"), batch, flag=True)
     # Flag off, a process that makes many optimizers can fail in torch itself (seen: a
     # SpeculationLogDivergence tracing SGD's step, 1 batch in 10 of 8 cases): then only the flag-on

@@ -26,10 +26,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import hypothesis
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
+from _drawing import draw
 from hypothesis import strategies as st
 
 CHILD = Path(__file__).with_name("_rank_campaign_child.py")
@@ -81,20 +80,6 @@ def cases() -> st.SearchStrategy[Case]:
                      use=st.sampled_from(sorted(USES)), helper=st.booleans())
 
 
-def _draw(size: int, seed: int | None) -> list[Case]:
-    drawn: dict[Case, None] = {}
-
-    @settings(max_examples=size * 6, database=None, deadline=None, phases=[Phase.generate],
-              derandomize=seed is None, suppress_health_check=list(HealthCheck))
-    @given(case=cases())
-    def collect(case: Case) -> None:
-        drawn.setdefault(case)
-
-    if seed is not None:
-        collect = hypothesis.seed(seed)(collect)
-    collect()
-    return [dataclasses.replace(c, name=f"case{i}") for i, c in enumerate(list(drawn)[-size:])]
-
 
 def _ranks(root: Path, run: str, names: list[str]) -> list[dict]:
     with socket.socket() as s:
@@ -143,7 +128,7 @@ def test_no_rank_is_served_another_ranks_code(batch_index, tmp_path_factory):
     if not _warm_start_available():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     seed = 3 if BATCHES == 1 else random.randrange(2**32)  # 3: a mix of every kind of fold and use
-    batch = _draw(CASES, seed)
+    batch = draw(cases(), CASES, seed, tries=6)
     root = tmp_path_factory.mktemp("ranks")
     (root / "src").mkdir()
     (root / "src" / "rank_cases.py").write_text("import torch\nimport torch.distributed as dist\n\n\n"

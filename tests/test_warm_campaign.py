@@ -32,10 +32,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import hypothesis
 import pytest
+from _drawing import draw
 from _warm_campaign import MUST_COMPILE, UNOBSERVABLE, Case, Feature, cases, sources
-from hypothesis import HealthCheck, Phase, given, settings
 
 CHILD = Path(__file__).resolve().parent / "_warm_campaign_child.py"
 CASES = int(os.environ.get("STABLEGUARDS_WARM_CAMPAIGN_CASES", "10"))
@@ -80,22 +79,6 @@ def _campaign(root: Path, batch: list[Case], flag: bool, two_machines: bool = Fa
     return cold, warm
 
 
-def _draw(size: int, seed: int | None) -> list[Case]:
-    """``size`` distinct cases drawn by hypothesis from the grammar (deterministic for a seed)."""
-    drawn: dict[Case, None] = {}
-
-    @settings(max_examples=size * 4, database=None, deadline=None, phases=[Phase.generate],
-              derandomize=seed is None, suppress_health_check=list(HealthCheck))
-    @given(case=cases())
-    def collect(case: Case) -> None:
-        drawn.setdefault(case)
-
-    if seed is not None:
-        collect = hypothesis.seed(seed)(collect)
-    collect()
-    # The first draws are the simplest; keep the last ones, numbered again.
-    return [dataclasses.replace(c, name=f"case{i}") for i, c in enumerate(list(drawn)[-size:])]
-
 
 def _warm_start_available() -> bool:
     import torch._dynamo  # noqa: F401 - installs the hooks
@@ -110,7 +93,7 @@ def test_a_warm_process_is_never_served_stale_code(batch_index, tmp_path_factory
     if not _warm_start_available():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     seed = None if BATCHES == 1 else random.randrange(2**32)
-    batch = _draw(CASES, seed)
+    batch = draw(cases(), CASES, seed)
     print(f"seed {seed}")  # shown if a child process fails below
     on = _campaign(tmp_path_factory.mktemp("on"), batch, flag=True)
     off = _campaign(tmp_path_factory.mktemp("off"), batch, flag=False)
@@ -142,7 +125,7 @@ def test_a_process_on_another_machine_is_never_served_stale_code(batch_index, tm
     if not _warm_start_available():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     seed = 1 if BATCHES == 1 else random.randrange(2**32)  # other cases than the one-machine campaign's
-    batch = _draw(MACHINE_CASES, seed)
+    batch = draw(cases(), MACHINE_CASES, seed)
     root = tmp_path_factory.mktemp("machines")
     cold, warm = _campaign(root, batch, flag=True, two_machines=True)
     print(f"seed {seed}: {batch}")

@@ -141,7 +141,8 @@ def warm_start_training() -> None:
 
 
 def warm_start_compiled_autograd() -> None:
-    """A training step under compiled autograd: its graph is compiled with flat inputs."""
+    """A training step under compiled autograd: compiled autograd traces its backward, and its
+    own graph is compiled with flat inputs."""
     model = torch.nn.Linear(4, 2)
 
     def step(x):
@@ -239,9 +240,10 @@ def workload_for(hook) -> None:
         store_calls()
     elif hook.part == "autograd_cache" or hook.target == "CheckpointHigherOrderVariable._call_function":
         autograd_cache_calls()
-    elif hook.target in ("_AutogradBackwardCompiler.get_or_compile", "_aot_stage2b_bw_compile"):
+    elif hook.target == "_AutogradBackwardCompiler.get_or_compile":
         warm_start_training()
-    elif hook.target == "GmWrapper.__init__":
+    elif hook.target in ("GmWrapper.__init__", "_aot_stage2c_make_autograd_function",
+                         "AutogradCompilerInstance.proxy_call_aot_backward"):
         warm_start_compiled_autograd()
     elif hook.target == "invoke_and_store_as_constant":
         warm_start_constants()

@@ -571,8 +571,8 @@ def test_compiled_autograd_step_starts_warm(tmp_path):
     rehooked = _run_script(COMPILED_AUTOGRAD, tmp_path, HOOKED="3", HOOK_DIR=str(tmp_path / "hook"))
     for run in (*runs, hooked, rehooked):
         assert run["ok"] and "fallbacks" not in run["explain"], run["explain"]
-        assert "entry saved once all its graphs are compiled" not in run["explain"], run["explain"]
     assert "step" in cold["traced"] and "forward" in cold["traced"] and cold["aot"][1] > 0, cold
+    assert cold["fx"][1] == 2, cold  # the forward's graph and compiled autograd's: no backward graph compiled
     assert "forward (<eval_with_key>" in cold["explain"] and "left out" not in cold["explain"], cold["explain"]
     assert warm["explain"].count("installed its saved compiled entry") == 2, warm["explain"]
     assert warm["traced"] == [] and warm["fx"] == [0, 0] and warm["aot"] == [0, 0, 0], warm
@@ -623,48 +623,68 @@ def test_a_graph_modules_code_is_keyed_by_what_its_globals_are(tmp_path):
     assert "saved entry" not in changed["explain"], changed["explain"]  # none under its key
 
 
-BACKWARD_FAILS_ALONE = textwrap.dedent("""
-    import copy, json, torch
-    torch._dynamo.config.stable_guards = True
+BACKWARD_IN_OR_OUT = textwrap.dedent("""
+    import copy, json, os, sys, torch
+    torch._dynamo.config.stable_guards = os.environ.get("FLAG", "1") == "1"
     torch._dynamo.config.compiled_autograd = True
     import stableguards
-    import torch._functorch._aot_autograd.graph_compile as graph_compile
+    import torch._dynamo.compiled_autograd as compiled_autograd
+    from torch._dynamo.utils import counters
 
-    class FailingCopy:  # the backward compiled with its forward copies its module first: fail there
-        def __getattr__(self, name):
-            return getattr(copy, name)
+    sys.path.insert(0, sys.argv[1])
+    from _traced import TRACED
 
-        @staticmethod
-        def deepcopy(obj, *args):
-            if isinstance(obj, torch.fx.GraphModule):
-                raise RuntimeError("this backward cannot be compiled on its own")
-            return copy.deepcopy(obj, *args)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    twin = copy.deepcopy(model)
+    target = torch.tensor([0, 1, 2, 3])
 
-    graph_compile.copy = FailingCopy()
-""") + _TRAINING_STEP + textwrap.dedent("""
+    def loss_of(m, x):
+        return torch.nn.functional.cross_entropy(m(x), target)
 
-    x = torch.randn(4, 8)
-    ok = bool(torch.allclose(torch.compile(step)(model, x), step(twin, x)))
-    ok &= all(torch.allclose(p.grad, q.grad, atol=1e-6) for p, q in zip(model.parameters(), twin.parameters()))
-    print(json.dumps({"ok": ok, "explain": stableguards.explain()}))
+    compiled = torch.compile(loss_of)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    ok = True
+    for _ in range(2):
+        loss, expected = compiled(model, x), loss_of(twin, x)
+        if os.environ["UNDER_CA"] == "1":  # compiled autograd traces the backward
+            with compiled_autograd._enable(torch.compile):
+                loss.backward()
+        else:  # called outside the compiled region: compiled autograd does not take it
+            loss.backward()
+        expected.backward()
+        ok &= torch.allclose(loss, expected)
+        ok &= all(torch.allclose(p.grad, q.grad, atol=1e-6) for p, q in zip(model.parameters(), twin.parameters()))
+        model.zero_grad(set_to_none=True), twin.zero_grad(set_to_none=True)
+    print(json.dumps({"ok": bool(ok), "traced": [code.co_name for code in TRACED], "explain": stableguards.explain(),
+                      "fx_misses": counters["inductor"]["fxgraph_cache_miss"],
+                      "aot_hits": counters["aot_autograd"]["autograd_cache_hit"]}))
 """)
 
 
-def test_compiled_autograd_backward_that_cannot_compile_with_its_forward(tmp_path):
-    """A backward graph that fails to compile with its forward is compiled as torch would (on
-    first use: compiled autograd traces it), without a warning; the step's entry is left out,
-    named with the reason."""
+def test_a_backward_compiled_autograd_may_take_is_saved_by_whoever_runs_it_first(tmp_path):
+    """A graph compiled where compiled autograd is on saves its entry at its backward's first use.
+    Traced by compiled autograd, the backward is saved uncompiled: the cold process compiles the
+    forward and compiled autograd's graph, not the backward.  A restart that runs that backward
+    outside compiled autograd runs it as its graph module, and equals eager.  Run first outside
+    compiled autograd, torch compiles the backward, and the entry holds it compiled.  An entry
+    whose backward may be uncompiled is keyed apart: a process with the flag off never finds it."""
     if not _warm_start_available():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-c", BACKWARD_FAILS_ALONE], env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "stableguards hook" not in proc.stderr, proc.stderr[-4000:]  # no fallback warning
-    run = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert run["ok"], run
-    assert "its backward graph could not be compiled with the forward (this backward cannot be compiled on its " \
-           "own)" in run["explain"], run["explain"]
+    traced_cold = _run_script(BACKWARD_IN_OR_OUT, tmp_path / "traced", UNDER_CA="1")
+    traced_warm = _run_script(BACKWARD_IN_OR_OUT, tmp_path / "traced", UNDER_CA="0")
+    flag_off = _run_script(BACKWARD_IN_OR_OUT, tmp_path / "traced", UNDER_CA="0", FLAG="0")
+    run_cold = _run_script(BACKWARD_IN_OR_OUT, tmp_path / "run", UNDER_CA="0")
+    run_warm = _run_script(BACKWARD_IN_OR_OUT, tmp_path / "run", UNDER_CA="0")
+    assert flag_off["ok"] and flag_off["aot_hits"] == 0, flag_off
+    for run in (traced_cold, traced_warm, run_cold, run_warm):
+        assert run["ok"] and "fallbacks" not in run["explain"] and "left out" not in run["explain"], run["explain"]
+    assert traced_cold["fx_misses"] == 2, traced_cold  # the forward, compiled autograd's graph
+    assert run_cold["fx_misses"] == 2, run_cold  # the forward, its backward
+    for warm in (traced_warm, run_warm):
+        assert warm["traced"] == [] and warm["fx_misses"] == 0, warm
+        installed = re.search(r"loss_of \(<string>:\d+\) installed its saved compiled entry", warm["explain"])
+        assert installed, warm["explain"]
 
 
 DROPPED_BEFORE_BACKWARD = textwrap.dedent("""

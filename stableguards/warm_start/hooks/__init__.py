@@ -567,16 +567,8 @@ def _save(package: Any, ours: Ours, frame: str) -> None:
         return
     record = STATE.pending.get(package)
     if record is None:
-        if bundling.compiled_autograd_on():
-            # The backward was not compiled with the forward (bundling._backward_with_forward
-            # names why): compiled autograd traces the backward itself, so no artifact
-            # will come.  Nobody should wait for it.
-            messages.left_out(frame, "compiled autograd is on and AOTAutograd saved no entry for a graph of "
-                                     "this frame; compiled autograd never compiles the backward it would wait for")
-            _release_lease(ours.key.digest)
-        else:
-            messages.pending(frame)
-            _shorten_lease(ours.key.digest)
+        messages.pending(frame)
+        _shorten_lease(ours.key.digest)
         record = STATE.pending[package] = _Pending(frame, ours, entry)
         record.orphan = weakref.finalize(package, STATE.orphans.append, record)
         record.orphan.atexit = False

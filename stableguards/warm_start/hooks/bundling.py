@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -24,50 +25,100 @@ def _bundle_autograd_entries(call: Any) -> bool:
 
 
 def _compile_backward(call: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
-    """A backward compiled on first use, for a graph of ours: its entry is bundled too."""
+    """A backward compiled on first use, for a graph of ours: its entry is bundled too.  One
+    whose module compiled autograd traces as a restart loads it (``_save_when_traced``) is
+    compiled from the module torch made, as it would be."""
     backend_id = getattr(self.aot_config, "precompile_backend_id", None)
     if backend_id not in STATE.backend_ids:
         return call(self, *args, **kwargs)
+    lazy = self.lazy_backward_info
+    made = getattr(lazy, "stableguards_made", None)
     tokens = [(STATE.bundling, STATE.bundling.set(True)), (STATE.backward_of, STATE.backward_of.set(backend_id))]
     try:
+        if made is not None:
+            traced, lazy.bw_module = lazy.bw_module, made
         return call(self, *args, **kwargs)
+    finally:
+        if made is not None:
+            lazy.bw_module = traced
+        for var, token in reversed(tokens):
+            var.reset(token)
+
+
+def _save_when_traced(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """Under compiled autograd, a graph of ours saves its entry when its backward is first used,
+    whoever uses it.
+
+    AOTAutograd compiles a backward graph on its first use, and saves the
+    graph's entry (and hands its artifact to the package) only then; compiled
+    autograd never uses it (it traces the backward module instead), so the
+    entry was never saved and every restart compiled the forward again.  The
+    backward stays torch's lazy one.  Where compiled autograd traces it first
+    (``_traced_backward``), the entry is saved then, holding the backward module
+    uncompiled (``GraphModuleCode``): compiled autograd re-traces that module in
+    a restarted process, as torch does for any cached entry, and compiling it
+    would cost a compile compiled autograd never runs.  Where a backward runs
+    first without compiled autograd (called outside the compiled region), torch
+    compiles it and saves the entry, as it would.  The entry is keyed apart
+    from torch's (``_reduce_aot_config``): only a compile under compiled
+    autograd finds it.  A graph whose cache torch bypasses (hooks registered in
+    the compiled region: ``BackwardState``) has no entry to save and is left as
+    it is."""
+    import inspect
+
+    bound = inspect.signature(call.fn).bind(*args, **kwargs).arguments
+    lazy, aot_config = bound["lazy_backward_info"], bound["aot_config"]
+    save = bound["try_save_cache_entry"]  # None where torch bypasses the cache or saved already
+    if bound["compiled_bw_func"] is None and lazy is not None and save is not None and _under_compiled_autograd(
+            aot_config):
+        # Saved as torch saves it: the module torch made, which a restart loads as _as_loaded does.
+        lazy.stableguards_save_traced = functools.partial(save, bw_module=lazy.bw_module,
+                                                          _fw_metadata=bound["fw_metadata"], aot_config=aot_config)
+        if (loaded := _as_loaded(lazy.bw_module)) is not None:
+            lazy.stableguards_made, lazy.bw_module = lazy.bw_module, loaded
+    return call(*args, **kwargs)
+
+
+def _traced_backward(call: Any, self: Any, pinputs: Any, psaved_tensors: Any, saved_tensors: Any, pctx: Any,
+                     ctx: Any, *args: Any, **kwargs: Any) -> Any:
+    """Compiled autograd traced a graph's backward module: the entry waiting for it
+    (``_save_when_traced``) is saved now, the backward uncompiled, once.  One whose backward
+    torch compiled already (run without compiled autograd first) was saved then."""
+    result = call(self, pinputs, psaved_tensors, saved_tensors, pctx, ctx, *args, **kwargs)
+    forward_cls = getattr(ctx, "_forward_cls", None)
+    lazy = getattr(forward_cls, "_lazy_backward_info", None)
+    save = lazy.__dict__.pop("stableguards_save_traced", None) if lazy is not None else None
+    if save is None or forward_cls.compiled_bw is not None:
+        return result
+    import torch
+
+    # The backward runs under the callback of the compiled frame that called it: Dynamo must
+    # not trace the saving code.
+    torch._dynamo.disable(_save_traced)(save)
+    return result
+
+
+def _save_traced(save: Any) -> None:
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+    from stableguards.warm_start.hooks.no_compute import GraphModuleCode
+
+    backend_id = getattr(save.keywords["aot_config"], "precompile_backend_id", None)
+    tokens = [(STATE.bundling, STATE.bundling.set(True)), (STATE.backward_of, STATE.backward_of.set(backend_id))]
+    try:
+        with unset_fake_temporarily(), disable_proxy_modes_tracing():  # saved outside compiled autograd's trace
+            save(GraphModuleCode(gm=save.keywords["bw_module"]))
     finally:
         for var, token in reversed(tokens):
             var.reset(token)
 
 
-def _backward_with_forward(call: Any, bw_module: Any, maybe_subclass_meta: Any, fw_metadata: Any,
-                           fwd_output_strides: Any, num_symints_saved_for_bw: int, aot_config: Any,
-                           bw_compiler: Any) -> Any:
-    """Under compiled autograd, a graph of ours compiles its backward with its forward.
-
-    AOTAutograd compiles a backward graph on its first use, and saves the
-    graph's entry (and hands its artifact to the package) only then; compiled
-    autograd never uses it (it traces the backward module instead), so the
-    entry was never saved and every restart compiled the forward again.
-    Compiled now (torch's ``force_non_lazy_backward_lowering``, for this graph
-    only), the entry is saved with the backward module, which compiled autograd
-    re-traces in a restarted process as torch does for any cached entry.  The
-    AOTAutograd key is torch's: the entry is the one a first use would save.
-    A graph whose cache torch bypasses (hooks registered in the compiled
-    region: ``BackwardState``, which only compiled autograd runs) has no entry
-    to save and is left as it is.  A backward that fails to compile now is
-    compiled on first use, as torch would, and the frame's entry is left out,
-    named."""
-    args = (bw_module, maybe_subclass_meta, fw_metadata, fwd_output_strides, num_symints_saved_for_bw)
-    if (not STATE.bundling.get() or aot_config.force_non_lazy_backward_lowering or not compiled_autograd_on()
-            or getattr(aot_config, "cache_info", None) is None):  # no entry to save: a bypassed cache
-        return call(*args, aot_config, bw_compiler)
-    try:
-        lazy, compiled = call.fn(*args, dataclasses.replace(aot_config, force_non_lazy_backward_lowering=True),
-                                 bw_compiler)
-    except Exception as error:  # noqa: BLE001 - torch's lazy path, as without compiled autograd
-        why = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
-        leave_out(f"compiled autograd is on and its backward graph could not be compiled with the forward ({why:.150})")
-        return call(*args, aot_config, bw_compiler)
-    if (loaded := _as_loaded(lazy.bw_module)) is not None:
-        lazy.bw_module = loaded
-    return lazy, compiled
+def _under_compiled_autograd(aot_config: Any) -> bool:
+    """Whether a graph of ours compiled now saves its entry for compiled autograd
+    (``_save_when_traced``): unless the user has torch compile every backward with its
+    forward (``force_non_lazy_backward_lowering``)."""
+    return STATE.bundling.get() and compiled_autograd_on() and not aot_config.force_non_lazy_backward_lowering
 
 
 def _as_loaded(bw_module: Any) -> Any:
@@ -333,10 +384,16 @@ def _reduce_aot_config(call: Any, self: Any, aot_config: Any) -> Any:
     compiled under a package missed the AOTAutograd cache.  The name only labels
     the bundled artifact; on a hit torch records the artifact under the current
     compile's name, never the cached one.  So two keys that differ only there
-    stand for the same compiled graph.  Other packages' keys are torch's."""
-    if _ours(getattr(aot_config, "precompile_backend_id", None)):
-        aot_config = dataclasses.replace(aot_config, precompile_backend_id=None)
-    return call(self, aot_config)
+    stand for the same compiled graph.  Other packages' keys are torch's.  Under
+    compiled autograd, our entries are keyed apart (``_save_when_traced``)."""
+    if not _ours(getattr(aot_config, "precompile_backend_id", None)):
+        return call(self, aot_config)
+    reduced, parts = call(self, dataclasses.replace(aot_config, precompile_backend_id=None))
+    if _under_compiled_autograd(aot_config):
+        # Its entry may hold the backward uncompiled (_save_when_traced): found only by a
+        # compile under compiled autograd, never by one that would run that backward.
+        parts = (*parts, "stableguards: saved under compiled autograd, its backward may be uncompiled")
+    return reduced, parts
 
 
 HOOKS = [
@@ -347,8 +404,11 @@ HOOKS = [
          _bundle_autograd_entries, lazy=True),
     Hook("torch._functorch._aot_autograd.runtime_wrappers", "_AutogradBackwardCompiler.get_or_compile",
          "warm_start", _compile_backward, lazy=True),
-    Hook("torch._functorch._aot_autograd.graph_compile", "_aot_stage2b_bw_compile", "warm_start",
-         _backward_with_forward, params=("aot_config", "bw_compiler"), lazy=True),
+    Hook("torch._functorch._aot_autograd.graph_compile", "_aot_stage2c_make_autograd_function", "warm_start",
+         _save_when_traced, params=("aot_config", "fw_metadata", "compiled_bw_func", "lazy_backward_info",
+                                    "try_save_cache_entry"), lazy=True),
+    Hook("torch._dynamo.compiled_autograd", "AutogradCompilerInstance.proxy_call_aot_backward", "warm_start",
+         _traced_backward, params=("ctx",)),
     Hook("torch._functorch._aot_autograd.graph_compile", "_should_save_cache", "warm_start", _save_aot_entry,
          lazy=True),
     Hook(_AUTOGRAD_CACHE, "AOTAutogradCache.make_entry", "warm_start", _bundled_entry,

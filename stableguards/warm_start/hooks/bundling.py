@@ -33,14 +33,23 @@ def _compile_backward(call: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
         return call(self, *args, **kwargs)
     lazy = self.lazy_backward_info
     made = getattr(lazy, "stableguards_made", None)
-    tokens = [(STATE.bundling, STATE.bundling.set(True)), (STATE.backward_of, STATE.backward_of.set(backend_id))]
-    try:
+    with _bundled_backward_of(backend_id):
         if made is not None:
             traced, lazy.bw_module = lazy.bw_module, made
-        return call(self, *args, **kwargs)
+        try:
+            return call(self, *args, **kwargs)
+        finally:
+            if made is not None:
+                lazy.bw_module = traced
+
+
+@contextlib.contextmanager
+def _bundled_backward_of(backend_id: str | None) -> Iterator[None]:
+    """The entry saved in here is bundled, and is the backward of the graph ``backend_id``."""
+    tokens = [(STATE.bundling, STATE.bundling.set(True)), (STATE.backward_of, STATE.backward_of.set(backend_id))]
+    try:
+        yield
     finally:
-        if made is not None:
-            lazy.bw_module = traced
         for var, token in reversed(tokens):
             var.reset(token)
 
@@ -105,20 +114,16 @@ def _save_traced(save: Any) -> None:
     from stableguards.warm_start.hooks.no_compute import GraphModuleCode
 
     backend_id = getattr(save.keywords["aot_config"], "precompile_backend_id", None)
-    tokens = [(STATE.bundling, STATE.bundling.set(True)), (STATE.backward_of, STATE.backward_of.set(backend_id))]
-    try:
-        with unset_fake_temporarily(), disable_proxy_modes_tracing():  # saved outside compiled autograd's trace
-            save(GraphModuleCode(gm=save.keywords["bw_module"]))
-    finally:
-        for var, token in reversed(tokens):
-            var.reset(token)
+    # Saved outside compiled autograd's trace.
+    with _bundled_backward_of(backend_id), unset_fake_temporarily(), disable_proxy_modes_tracing():
+        save(GraphModuleCode(gm=save.keywords["bw_module"]))
 
 
 def _under_compiled_autograd(aot_config: Any) -> bool:
     """Whether a graph of ours compiled now saves its entry for compiled autograd
     (``_save_when_traced``): unless the user has torch compile every backward with its
     forward (``force_non_lazy_backward_lowering``)."""
-    return STATE.bundling.get() and compiled_autograd_on() and not aot_config.force_non_lazy_backward_lowering
+    return STATE.bundling.get() and _compiled_autograd_on() and not aot_config.force_non_lazy_backward_lowering
 
 
 def _as_loaded(bw_module: Any) -> Any:
@@ -150,7 +155,7 @@ def _as_loaded(bw_module: Any) -> Any:
         return None
 
 
-def compiled_autograd_on() -> bool:
+def _compiled_autograd_on() -> bool:
     """Whether compiled autograd runs a backward called now (its setting or its context)."""
     import torch._dynamo.compiled_autograd as compiled_autograd
     import torch._dynamo.config as dynamo_config

@@ -14,7 +14,9 @@ import types
 import weakref
 from pathlib import Path
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from stableguards.warm_start import facts
 from stableguards.warm_start.guard_rules import (
@@ -300,6 +302,49 @@ def test_a_cycle_names_the_object_instead_of_recursing():
     assert identity(_Child) is not None
     ids = Identities()
     assert ids(_Child) == ids(_Child) == identity(_Child)
+
+
+def _closing_over() -> types.FunctionType:
+    held = None
+
+    def method(self):
+        return held
+    return method
+
+
+def _cyclic_classes(edges: list[list[int]]) -> list[type]:
+    """Classes of a module of their own, class ``i``'s method closing over the classes
+    ``edges[i]`` names (itself, or one that closes back: cycles)."""
+    module = types.ModuleType("_sg_cyclic")
+    sys.modules[module.__name__] = module
+    classes = []
+    for i in range(len(edges)):
+        cls = type(f"C{i}", (), {"method": _closing_over(), "__module__": module.__name__})
+        setattr(module, cls.__qualname__, cls)
+        classes.append(cls)
+    for cls, targets in zip(classes, edges):
+        cls.method.__closure__[0].cell_contents = tuple(classes[t] for t in targets)
+    return classes
+
+
+@hypothesis.settings(max_examples=60, deadline=None, database=None)
+@hypothesis.given(data=st.data())
+def test_what_a_description_remembers_is_what_it_is_asked_anywhere(data):
+    """Described one after another (and inside one another) with one Identities, each object of a
+    web of classes that close over one another reads as it does described alone."""
+    n = data.draw(st.integers(1, 5))
+    edges = data.draw(st.lists(st.lists(st.integers(0, n - 1), max_size=3), min_size=n, max_size=n))
+    classes = _cyclic_classes(edges)
+    try:
+        alone = [identity(c) for c in classes]
+        shared = Identities()
+        order = data.draw(st.permutations(range(n)))
+        nested = data.draw(st.lists(st.integers(0, n - 1), max_size=3))
+        shared((tuple(classes[i] for i in nested), [c.method for c in classes]))
+        assert [shared(classes[i]) for i in order] == [alone[i] for i in order]
+        assert [shared(c) for c in classes] == alone
+    finally:
+        sys.modules.pop("_sg_cyclic", None)
 
 
 def _fx_scope(source: str, thing: object = None) -> tuple[dict, types.FunctionType]:

@@ -116,15 +116,23 @@ class Identities:
     Remembers what it is describing, so a cycle (a method's ``__class__`` cell
     holds its class) names the object instead of recursing.  Remembers a
     description, with its object (so an id is never reused while it is
-    remembered), where it does not depend on what was open when it was
-    computed: asked at the top, or naming no cycle.
+    remembered), only where it is the one ``identity`` gives: a description
+    depends on what was open around it where it names a cycle to it.  So, as
+    in Tarjan's algorithm, the objects that reach one another (a strongly
+    connected component: a class and its methods that call ``super()``) are
+    told apart from the open ones around them; a description is remembered
+    for the object the component was entered by, with the component, and
+    served again while none of the component is open (where one is, the
+    description made afresh would name it as a cycle).
     """
 
     def __init__(self, tensors: bool = False) -> None:
         self._tensors = tensors  # tensors by their metadata: only inside an optimizer's state
-        self._open: dict[int, Any] = {}
-        self._done: dict[int, tuple[Any, str | None]] = {}
-        self._cycles = 0  # how many cycles were named so far
+        self._open: dict[int, tuple[Any, int]] = {}  # id -> (object, how many were open before it)
+        # id -> (object, description, the rest of its component: empty where it is alone)
+        self._done: dict[int, tuple[Any, str | None, tuple[Any, ...]]] = {}
+        self._entered: list[Any] = []  # objects entered whose component is not complete yet
+        self._reached = 0  # the outermost open object a cycle named, within the current one
 
     def __call__(self, obj: Any) -> str | None:
         return self.describe(obj)
@@ -132,22 +140,26 @@ class Identities:
     def describe(self, obj: Any) -> str | None:
         key = id(obj)
         done = self._done.get(key)
-        if done is not None and done[0] is obj:
+        if done is not None and done[0] is obj and not any(id(o) in self._open for o in done[2]):
             return done[1]
-        if key in self._open:
-            self._cycles += 1
-            return f"<cycle {_label(self._open[key])}>"
-        self._open[key] = obj
-        cycles = self._cycles
+        opened = self._open.get(key)
+        if opened is not None:
+            self._reached = min(self._reached, opened[1])
+            return f"<cycle {_label(opened[0])}>"
+        depth = len(self._open)
+        self._open[key] = (obj, depth)
+        outer, self._reached = self._reached, depth
+        mark = len(self._entered)
+        self._entered.append(obj)
         try:
             described = self._describe(obj)
         finally:
             del self._open[key]
-        # A description that named no cycle depends on nothing open around it: the same
-        # wherever it is asked again (a helper many methods call, a class many read).
-        # One asked at the top has nothing open around it.
-        if self._cycles == cycles or not self._open:
-            self._done[key] = (obj, described)
+            reached, self._reached = self._reached, min(outer, self._reached)
+        if reached >= depth:  # no cycle out of it: its component is what was entered since
+            component = tuple(o for o in self._entered[mark + 1:] if o is not obj)
+            del self._entered[mark:]
+            self._done[key] = (obj, described, component + (obj,) if component else ())
         return described
 
     def _all(self, values: Any) -> list[str] | None:
@@ -273,7 +285,7 @@ class Identities:
         if owner is None:
             return None
         inner = Identities(tensors=True)
-        inner._open[id(optimizer)] = optimizer  # a hook bound to it names it as a cycle
+        inner._open[id(optimizer)] = (optimizer, 0)  # a hook bound to it names it as a cycle
         # Hooks are kept by their handles' ids, a per-process counter: the hooks, in order.
         held = {name: list(value.values()) if name.endswith("_hooks") and isinstance(value, dict) else value
                 for name, value in vars(optimizer).items()}

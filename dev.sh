@@ -49,8 +49,9 @@ case "$COMMAND" in
         setup test
         echo "torch $("$PY" -c 'import torch; print(torch.__version__)')"
         # Two workers, each file on one (its fixtures and its fresh processes kept together):
-        # most tests wait on compiles in child processes, so two at a time on two cores.
-        "$PY" -m pytest -n 2 --dist loadfile "$@"
+        # most tests wait on compiles in child processes, so two at a time on two cores.  Files
+        # go out longest first (tests/conftest.py), not reordered by how many tests each has.
+        "$PY" -m pytest -n 2 --dist loadfile --no-loadscope-reorder "$@"
         ;;
     bench)
         setup test,bench

@@ -19,7 +19,8 @@ WORKLOADS = ("closure", "dict_collide", "list_overmarked", "seed")
 
 def restart_ab(workload: str, backend: str, config: str, job_id: str,
                extra_env: dict[str, str] | None = None) -> dict:
-    """One row of bench/restart_ab.py: a cold and a warm process sharing a cache dir."""
+    """One row of bench/restart_ab.py, through its command line: a cold and a warm process
+    sharing a cache dir it makes."""
     with tempfile.TemporaryDirectory(prefix="sg-test-ab-") as out:
         command = [sys.executable, str(BENCH / "restart_ab.py"), "--workloads", workload, "--configs", config,
                    "--job-id", job_id, "--backend", backend, "--out", out]
@@ -28,6 +29,23 @@ def restart_ab(workload: str, backend: str, config: str, job_id: str,
         _run(command, os.environ)
         (row,) = json.loads((Path(out) / "restart_ab.json").read_text())
     return row
+
+
+# bench/restart_ab.py's configurations and job ids, as the environment each sets.
+CONFIGS = {"off": {"TORCHDYNAMO_STABLE_GUARDS": "0"}, "on": {"TORCHDYNAMO_STABLE_GUARDS": "1"},
+           "on, symbols off": {"TORCHDYNAMO_STABLE_GUARDS": "1", "STABLEGUARDS_DISABLE": "symbols"}}
+JOB_IDS = {"set": {"TORCH_COMPILE_JOB_ID": "stableguards-restart-ab"}, "unset": {}}
+
+
+def cold_and_warm(workload: str, backend: str, config: str, job_id: str,
+                  extra_env: dict[str, str] | None = None) -> dict:
+    """The same row as ``restart_ab``, its two processes started from here: their cache dir
+    starts with the CPU probe the test process made (tests/conftest.py), where one that
+    bench/restart_ab.py makes probes again (about 2.5 s of C++ builds a row)."""
+    env = {**CONFIGS[config], **JOB_IDS[job_id], **(extra_env or {})}
+    with tempfile.TemporaryDirectory(prefix="sg-test-ab-") as cache_dir:
+        return {"cold": restart_child(workload, backend, cache_dir, env),
+                "warm": restart_child(workload, backend, cache_dir, env)}
 
 
 def restart_child(workload: str, backend: str, cache_dir: str | Path, env: dict[str, str]) -> dict:

@@ -47,12 +47,13 @@ def _cpu_probe() -> list[tuple[str, str]]:
             for root, _, names in os.walk(probe) for name in names]
 
 
-@pytest.fixture(autouse=True)
-def probed_cpu_in_children_cache_dirs(monkeypatch):
+@pytest.fixture(autouse=True, scope="session")
+def probed_cpu_in_children_cache_dirs():
     """A child process's cache dir holds inductor's probe of the CPU, as a machine's cache dir
     does after its first compile: every cold child would otherwise probe again (about 6 s).
     Only the probe, and only files missing there: torch's caches and stableguards' start as
-    the test made them."""
+    the test made them.  For the whole session, so that a module's fixture's children have
+    it too."""
     def seeded(self, args, *rest, env=None, **kwargs):
         cache = (os.environ if env is None else env).get("TORCHINDUCTOR_CACHE_DIR")
         if cache:
@@ -63,7 +64,26 @@ def probed_cpu_in_children_cache_dirs(monkeypatch):
                     shutil.copy2(source, target)
         _POPEN_INIT(self, args, *rest, env=env, **kwargs)
 
-    monkeypatch.setattr(subprocess.Popen, "__init__", seeded)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(subprocess.Popen, "__init__", seeded)
+        yield
+
+
+# The files that take over a minute on 2 cores (`--durations=0`, torch 2.15), longest first.
+# xdist hands each worker a whole file at a time, in collection order (dev.sh turns off its
+# reordering by test count): starting with the longest lets the two workers finish together,
+# where the last long file used to run alone (about 40 s of the suite).  A file not named here
+# only starts later; the order never changes what a test sees.
+LONGEST_FIRST = ("test_restart.py", "test_warm_start.py", "test_shared_store.py", "test_fail_open.py",
+                 "test_warm_campaign.py", "test_pgo_integration.py", "test_optimizer_campaign.py",
+                 "test_real_models.py", "test_autograd_cache.py", "test_optimizer_guards.py",
+                 "test_store_artifacts.py", "test_graph_params.py", "test_optimizer_soundness.py",
+                 "test_flag_never_breaks.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))
 
 
 @pytest.fixture

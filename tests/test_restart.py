@@ -7,7 +7,7 @@ they prove the product promise end to end, where the others test the parts.
 from __future__ import annotations
 
 import pytest
-from bench_programs import WORKLOADS, restart_ab, restart_child
+from bench_programs import WORKLOADS, cold_and_warm, restart_ab, restart_child
 
 
 # Where warm start applies (torch 2.15) a warm process traces nothing and looks nothing
@@ -20,7 +20,7 @@ WITHOUT_WARM_START = {"on": {"STABLEGUARDS_DISABLE": "warm_start"},
                          + [("seed", "on, symbols off")])
 def test_flag_on_warm_restart_hits_both_caches_and_matches_eager(workload, config):
     """Flag on; once more with the allocator left to torch, where the profiles alone must do it."""
-    warm = restart_ab(workload, "inductor", config, "set", WITHOUT_WARM_START[config])["warm"]
+    warm = cold_and_warm(workload, "inductor", config, "set", WITHOUT_WARM_START[config])["warm"]
     assert warm["compiles"] >= 1
     assert warm["fxgraph_cache_miss"] == 0 and warm["autograd_cache_miss"] == 0, warm
     assert warm["fxgraph_cache_hit"] == warm["compiles"], warm
@@ -41,18 +41,18 @@ def test_flag_off_the_seed_case_misses_on_restart():
     If this starts passing with zero misses, upstream changed its allocator and
     the seed workload no longer shows the problem it was written for.
     """
-    warm = restart_ab("seed", "inductor", "off", "set", FX_ONLY)["warm"]
+    warm = cold_and_warm("seed", "inductor", "off", "set", FX_ONLY)["warm"]
     assert warm["fxgraph_cache_miss"] >= 1, warm
     assert warm["matches_eager"]
-    fixed = restart_ab("seed", "inductor", "on", "set", {**FX_ONLY, **WITHOUT_WARM_START["on"]})["warm"]
+    fixed = cold_and_warm("seed", "inductor", "on", "set", {**FX_ONLY, **WITHOUT_WARM_START["on"]})["warm"]
     assert fixed["fxgraph_cache_miss"] == 0 and fixed["fxgraph_cache_hit"] == fixed["compiles"], fixed
 
 
 def test_without_a_job_id_only_the_flag_carries_dynamism_across_a_restart():
     """torch's PGO needs a job id (the open-source default has none): the warm run compiles
     the static graph again, then recompiles; with the flag it starts from the dynamic one."""
-    off = restart_ab("closure", "inductor", "off", "unset")["warm"]
-    on = restart_ab("closure", "inductor", "on", "unset", WITHOUT_WARM_START["on"])["warm"]
+    off = cold_and_warm("closure", "inductor", "off", "unset")["warm"]
+    on = cold_and_warm("closure", "inductor", "on", "unset", WITHOUT_WARM_START["on"])["warm"]
     assert off["recompiles"] >= 1 and on["recompiles"] == 0, (off, on)
     assert on["compiles"] < off["compiles"]
     assert off["matches_eager"] and on["matches_eager"]
@@ -76,7 +76,7 @@ def test_artifacts_never_cross_backend_configurations_after_a_restart():
 
 def test_a_restart_miss_is_explained_by_the_key_component_and_symbol():
     """With the stable parts off, the seed case misses; explain() says which component differs."""
-    warm = restart_ab("seed", "inductor", "on", "set",
+    warm = cold_and_warm("seed", "inductor", "on", "set",
                    {"STABLEGUARDS_DISABLE": "symbols,profiles,backends,warm_start", **FX_ONLY})["warm"]
     assert warm["fxgraph_cache_miss"] >= 1
     miss = next(line for line in warm["explain"].splitlines() if "FX-graph cache miss" in line)
@@ -92,6 +92,6 @@ def test_warm_start_traces_nothing_on_a_restart_where_torch_supports_it():
 
     if "warm_start" not in STATE.installed:
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
-    warm = restart_ab("seed", "inductor", "on", "unset")["warm"]
+    warm = restart_ab("seed", "inductor", "on", "unset")["warm"]  # the demo's command line
     assert warm["compiles"] == 0 and warm["matches_eager"], warm
     assert "installed its saved compiled entry" in warm["explain"]

@@ -553,9 +553,9 @@ COMPILED_AUTOGRAD = textwrap.dedent("""
 def test_compiled_autograd_step_starts_warm(tmp_path):
     """Compiled autograd traces a training step's backward itself, so AOTAutograd never compiled
     the backward graph the step's entry needs, and the entry was never saved (it used to wait
-    for it forever).  Under compiled autograd the backward is compiled with the forward: the
-    step's entry is saved with the backward module, a restart installs it and compiled autograd
-    re-traces the saved module.  The cold process's compiled autograd inlines the backward
+    for it forever).  The entry is saved when compiled autograd first traces the backward, with
+    the backward module uncompiled: a restart installs it and compiled autograd re-traces the
+    saved module.  The cold process's compiled autograd inlines the backward
     module as a restart loads it, so both make one graph, and its entry, saved under a module
     named by that graph's code and globals (``warm_start.fx_home``), is installed: the restart
     traces nothing.  A restart whose backward differs (a gradient hook compiled autograd's

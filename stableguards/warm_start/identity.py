@@ -129,7 +129,7 @@ class Identities:
     def __init__(self, tensors: bool = False) -> None:
         self._tensors = tensors  # tensors by their metadata: only inside an optimizer's state
         self._open: dict[int, tuple[Any, int]] = {}  # id -> (object, how many were open before it)
-        # id -> (object, description, the rest of its component: empty where it is alone)
+        # id -> (object, description, its component: empty where it is alone)
         self._done: dict[int, tuple[Any, str | None, tuple[Any, ...]]] = {}
         self._entered: list[Any] = []  # objects entered whose component is not complete yet
         self._reached = 0  # the outermost open object a cycle named, within the current one
@@ -157,9 +157,9 @@ class Identities:
             del self._open[key]
             reached, self._reached = self._reached, min(outer, self._reached)
         if reached >= depth:  # no cycle out of it: its component is what was entered since
-            component = tuple(o for o in self._entered[mark + 1:] if o is not obj)
+            component = tuple(self._entered[mark:])
             del self._entered[mark:]
-            self._done[key] = (obj, described, component + (obj,) if component else ())
+            self._done[key] = (obj, described, component if len(component) > 1 else ())
         return described
 
     def _all(self, values: Any) -> list[str] | None:

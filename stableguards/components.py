@@ -33,12 +33,18 @@ class Components:
     def digest(self) -> str:
         return digest_text("\n".join(f"{name}={value}" for name, value in self.items))
 
+    @functools.cached_property
+    def by_name(self) -> dict[str, str]:
+        """The components by name (built once: a miss's explanation asks a few hundred keys for
+        every component)."""
+        return dict(self.items)
+
     def get(self, name: str, default: str | None = None) -> str | None:
-        return dict(self.items).get(name, default)
+        return self.by_name.get(name, default)
 
     def differing(self, other: Components) -> list[str]:
         """The names whose values differ (or that only one has): this key's order, then the other's."""
-        mine, theirs = dict(self.items), dict(other.items)
+        mine, theirs = self.by_name, other.by_name
         names = [n for n, _ in self.items] + [n for n, _ in other.items if n not in mine]
         return [n for n in names if mine.get(n) != theirs.get(n)]
 
@@ -49,7 +55,7 @@ class Components:
         ``minor`` marks components that only follow from others (a label, a
         container's size): named only where nothing else differs.  ``show``
         writes a pair of values (default: both, shortened)."""
-        mine, theirs = dict(self.items), dict(other.items)
+        mine, theirs = self.by_name, other.by_name
         differ = self.differing(other)
         telling = [n for n in differ if not minor(n, mine.get(n) or theirs.get(n) or "")]
         show = show or (lambda a, b: f"{short(a)} vs {short(b)}")

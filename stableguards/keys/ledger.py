@@ -55,8 +55,9 @@ class KeyRecord:
 
     @classmethod
     def from_json(cls, data: dict) -> KeyRecord:
-        items = [(name, (str(v[0]), str(v[1]))) for name, v in data["components"].items()]
-        return cls(str(data["key"]), Components.of((n, h) for n, (h, _) in items), {n: v for n, (_, v) in items})
+        components = data["components"]  # JSON's names are strings already
+        return cls(str(data["key"]), Components(tuple((n, str(v[0])) for n, v in components.items())),
+                   {n: str(v[1]) for n, v in components.items()})
 
 
 def nearest(record: KeyRecord, candidates: Iterable[KeyRecord]) -> KeyRecord | None:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -84,6 +85,17 @@ LONGEST_FIRST = ("test_warm_start.py", "test_restart.py", "test_warm_campaign.py
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))
+
+
+@pytest.fixture(scope="session")
+def processes():
+    """A multiprocessing context for tests of concurrent writers: each process forked from one
+    server process that imported stableguards and torch once.  Spawned, each would import
+    them itself (seconds apiece), and eight writers would start seconds apart.  The server
+    keeps the environment it started with: give a process what it needs as arguments."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["stableguards.store", "stableguards.profiles.store"])
+    return context
 
 
 @pytest.fixture

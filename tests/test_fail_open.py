@@ -84,9 +84,10 @@ def warm_start_calls() -> None:
     by name, random.random() reads a function torch installs per process), then forget this
     process saved them and compile again, as a restarted process would: the entry is loaded
     and installed, and first called under a stance that never compiles.  A new constant
-    each run: a kernel this process has not built yet, so inductor's C++ build path is
-    reached.  An OrderedDict built again after the graph loads its module by an alias; a
-    property's getter compiled on its own is found through its property."""
+    each run in the saved graph: a kernel this process has not built yet, so inductor's C++
+    build path is reached (once: the other graphs' kernels are built once per process).  An
+    OrderedDict built again after the graph loads its module by an alias; a property's getter
+    compiled on its own is found through its property."""
 
     class Local:
         pass
@@ -101,7 +102,7 @@ def warm_start_calls() -> None:
         return t + 1 if isinstance(local, Local) else t - 1
 
     def rebuilt(t):
-        return OrderedDict(a=t * scale)
+        return OrderedDict(a=t * 3.0)
 
     def drawn(t):
         return t + random.random()
@@ -109,7 +110,7 @@ def warm_start_calls() -> None:
     def broken(t):
         y = t.sin()
         torch._dynamo.graph_break()  # a resume function, which the entry restores
-        return y * scale
+        return y * 3.0
 
     x = torch.randn(8)
     for run in range(2):
@@ -117,12 +118,12 @@ def warm_start_calls() -> None:
         with torch.compiler.set_stance("eager_on_recompile" if run else "default"):
             torch.testing.assert_close(compiled(x), (x.cos() + 0.5) * scale)
         torch.testing.assert_close(torch.compile(left_out)(x), x + 1)
-        torch.testing.assert_close(torch.compile(rebuilt)(x)["a"], x * scale)
+        torch.testing.assert_close(torch.compile(rebuilt)(x)["a"], x * 3.0)
         random.seed(run)
         got = torch.compile(drawn)(x)
         random.seed(run)
         torch.testing.assert_close(got, x + random.random())
-        torch.testing.assert_close(torch.compile(broken)(x), x.sin() * scale)
+        torch.testing.assert_close(torch.compile(broken)(x), x.sin() * 3.0)
         torch.testing.assert_close(torch.compile(lambda t: t * _Getter().scale)(x), x * torch.ones(8).cos() * 2)
         torch._dynamo.reset()
         WARM.forget_process()

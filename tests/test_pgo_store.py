@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import socket
 import threading
 from pathlib import Path
@@ -129,14 +128,13 @@ def _write_entries(args: tuple[str, str, int]) -> None:
         store.merge_write("shared", profile_of(f"L['w{worker}_{i}']"))
 
 
-def _run_writers(kind: str, target: str) -> None:
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(8) as pool:
+def _run_writers(processes, kind: str, target: str) -> None:
+    with processes.Pool(8) as pool:
         pool.map(_write_entries, [(kind, target, w) for w in range(8)])
 
 
-def test_eight_concurrent_local_writers_lose_nothing(tmp_path):
-    _run_writers("local", str(tmp_path))
+def test_eight_concurrent_local_writers_lose_nothing(tmp_path, processes):
+    _run_writers(processes, "local", str(tmp_path))
     stored = LocalStore(tmp_path).read("shared")
     assert len(stored) == 80
     assert stored == Profile({CODE: {f"L['w{w}_{i}']": profile_of("x").frames[CODE]["x"]
@@ -218,8 +216,8 @@ def test_future_redis_value_is_left_untouched(redis_store, caplog):
     assert redis_store._client.get(RedisStore.PREFIX + "job") == future
 
 
-def test_eight_concurrent_redis_writers_lose_nothing(redis_store, redis_url):
-    _run_writers("redis", redis_url)
+def test_eight_concurrent_redis_writers_lose_nothing(redis_store, redis_url, processes):
+    _run_writers(processes, "redis", redis_url)
     assert len(redis_store.read("shared")) == 80
 
 

@@ -92,7 +92,7 @@ def test_a_lease_whose_holder_died_expires(tmp_path, store):
     while not Path(f"{gate}.ready").exists():  # claimed once the child has started (a slow start is no expiry)
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         time.sleep(0.05)
-    open_store(None, store, key="").engine.claim(f"leases/warm_start/{digest}", "dead-host:1:x", 8)
+    open_store(None, store, key="").engine.claim(f"leases/warm_start/{digest}", "dead-host:1:x", 4)
     gate.touch()
     result = _result(proc)
     assert result["traced"] == first["traced"] and result["waited_s"] >= 2  # waited, then compiled

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
 import socket
 import time
@@ -90,9 +89,8 @@ def _writer(location: str, index: int, rounds: int) -> None:
         store.publish("ns", f"own-{index}", f"own {index} {round_}".encode() * 1000)
 
 
-def test_eight_concurrent_writers_lose_nothing(location):
-    context = multiprocessing.get_context("spawn")
-    writers = [context.Process(target=_writer, args=(location, i, 20)) for i in range(8)]
+def test_eight_concurrent_writers_lose_nothing(location, processes):
+    writers = [processes.Process(target=_writer, args=(location, i, 20)) for i in range(8)]
     for w in writers:
         w.start()
     reader = open_store(None, location, key="k")
@@ -113,9 +111,8 @@ def _killed_writer(location: str) -> None:
         store.publish("ns", "victim", os.urandom(64) + str(i).encode() * 5000)
 
 
-def test_a_writer_killed_mid_publish_leaves_a_whole_entry(location):
-    context = multiprocessing.get_context("spawn")
-    writer = context.Process(target=_killed_writer, args=(location,))
+def test_a_writer_killed_mid_publish_leaves_a_whole_entry(location, processes):
+    writer = processes.Process(target=_killed_writer, args=(location,))
     writer.start()
     store = open_store(None, location, key="k")
     deadline = time.monotonic() + 30

@@ -1,10 +1,12 @@
 """One process of the restart A/B: run a workload's calls, print counters as JSON.
 
-    python bench/_restart_child.py WORKLOAD BACKEND
+    python bench/_restart_child.py WORKLOAD[,WORKLOAD...] BACKEND
 
 The environment (cache dir, job id, flag) is set by restart_ab.py (or by a
 test).  BACKEND "record" is the eager backend that also lists the graphs
-Dynamo built, in "graphs", for tests of what a warm run compiles.
+Dynamo built, in "graphs", for tests of what a warm run compiles.  Several
+workloads run in turn, in one process, each counted from zero: the result is
+then keyed by workload.
 """
 
 from __future__ import annotations
@@ -68,5 +70,16 @@ def matches_eager(workload, compiled) -> bool:
     return True
 
 
+def each(workload_names: list[str], backend: str) -> dict:
+    results = {}
+    for name in workload_names:
+        dynamo_utils.counters.clear()
+        dynamo_utils.clear_compilation_metrics()
+        stableguards.reset()
+        results[name] = main(name, backend)
+    return results
+
+
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], sys.argv[2])))
+    names = sys.argv[1].split(",")
+    print(json.dumps(main(names[0], sys.argv[2]) if len(names) == 1 else each(names, sys.argv[2])))

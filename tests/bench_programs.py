@@ -49,7 +49,8 @@ def cold_and_warm(workload: str, backend: str, config: str, job_id: str,
 
 
 def restart_child(workload: str, backend: str, cache_dir: str | Path, env: dict[str, str]) -> dict:
-    """One process of the demo (bench/_restart_child.py) with this cache dir and environment."""
+    """One process of the demo (bench/_restart_child.py) with this cache dir and environment;
+    ``workload`` may name several, joined by commas (then the result is keyed by workload)."""
     full = {k: v for k, v in os.environ.items()
             if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE", "STABLEGUARDS_PGO_REDIS_URL")}
     full.update(TORCHINDUCTOR_CACHE_DIR=str(cache_dir), PYTHONHASHSEED="random")

@@ -20,34 +20,54 @@ def profiles(cache_dir: Path) -> list[Path]:
     return sorted(p for p in (cache_dir / "stableguards" / "pgo").glob("*.json") if ".bad-" not in p.name)
 
 
-@pytest.mark.parametrize("disable", ["", "symbols"])
-@pytest.mark.parametrize("workload", ["seed", "dict_collide", "list_overmarked"])
-def test_warm_run_compiles_only_graphs_the_cold_run_produced(tmp_path, workload, disable):
-    """Without a job id, and with or without the stable allocator."""
-    cold = run(workload, tmp_path, STABLEGUARDS_DISABLE=disable)
-    warm = run(workload, tmp_path, STABLEGUARDS_DISABLE=disable)
-    assert warm["graphs"] and set(warm["graphs"]) <= set(cold["graphs"])
-    assert len(warm["graphs"]) < len(cold["graphs"])
-    assert warm["matches_eager"] and cold["matches_eager"]
-    assert warm["counters"]["pgo_profiles_loaded"] == 1
+WORKLOADS = ("seed", "dict_collide", "list_overmarked", "closure")
 
 
-def test_specialized_source_is_explained_on_both_sides_of_the_restart(tmp_path):
-    cold = run("seed", tmp_path)
-    warm = run("seed", tmp_path)
-    assert "L['repeat']\" of seed_fn" in cold["explain"]
-    assert "recorded as specialized, not dynamic" in cold["explain"]
-    assert "range_refined_to_singleton" in cold["explain"]
-    assert "starts static (was specialized)" in warm["explain"]
+@pytest.fixture(scope="module")
+def restarts(tmp_path_factory) -> tuple[Path, dict, dict]:
+    """Flag on, no job id: every workload, one after another, in a cold process and then a warm
+    one on one cache dir (each workload counted on its own).  They share the process's
+    profile (named by the entry point): read once, at the first compile."""
+    cache = tmp_path_factory.mktemp("restarts")
+    return cache, run(",".join(WORKLOADS), cache), run(",".join(WORKLOADS), cache)
 
 
-def test_a_closure_finds_its_profile_after_a_restart(tmp_path):
-    cold = run("closure", tmp_path)
-    warm = run("closure", tmp_path)
-    assert len(cold["graphs"]) == 2  # static, then dynamic
-    assert warm["graphs"] == cold["graphs"][1:]  # straight to the dynamic graph
-    profile = LocalStore(profiles(tmp_path)[0].parent).read(profiles(tmp_path)[0].stem)
-    assert [code.closure for code in profile.frames] != [None]
+def _compiles_only_graphs_the_cold_run_produced(workloads: tuple[str, ...], cold: dict, warm: dict) -> None:
+    for workload in workloads:
+        before, after = cold[workload], warm[workload]
+        assert after["graphs"] and set(after["graphs"]) <= set(before["graphs"]), workload
+        assert len(after["graphs"]) < len(before["graphs"]), workload
+        assert after["matches_eager"] and before["matches_eager"], workload
+    assert warm[workloads[0]]["counters"]["pgo_profiles_loaded"] == 1
+
+
+def test_warm_run_compiles_only_graphs_the_cold_run_produced(restarts):
+    _, cold, warm = restarts
+    _compiles_only_graphs_the_cold_run_produced(WORKLOADS, cold, warm)
+
+
+def test_warm_run_compiles_only_graphs_the_cold_run_produced_without_the_stable_allocator(tmp_path):
+    workloads = WORKLOADS[:3]
+    cold = run(",".join(workloads), tmp_path, STABLEGUARDS_DISABLE="symbols")
+    warm = run(",".join(workloads), tmp_path, STABLEGUARDS_DISABLE="symbols")
+    _compiles_only_graphs_the_cold_run_produced(workloads, cold, warm)
+
+
+def test_specialized_source_is_explained_on_both_sides_of_the_restart(restarts):
+    _, cold, warm = restarts
+    assert "L['repeat']\" of seed_fn" in cold["seed"]["explain"]
+    assert "recorded as specialized, not dynamic" in cold["seed"]["explain"]
+    assert "range_refined_to_singleton" in cold["seed"]["explain"]
+    assert "starts static (was specialized)" in warm["seed"]["explain"]
+
+
+def test_a_closure_finds_its_profile_after_a_restart(restarts):
+    cache, cold, warm = restarts
+    assert len(cold["closure"]["graphs"]) == 2  # static, then dynamic
+    assert warm["closure"]["graphs"] == cold["closure"]["graphs"][1:]  # straight to the dynamic graph
+    [path] = profiles(cache)
+    frames = LocalStore(path.parent).read(path.stem).frames
+    assert [code.closure is not None for code in frames if code.name == "closure_fn"] == [True]
 
 
 def test_job_id_names_the_profile(tmp_path):

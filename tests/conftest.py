@@ -75,10 +75,10 @@ def probed_cpu_in_children_cache_dirs():
 # reordering by test count): starting with the longest lets the two workers finish together,
 # where xdist's own order (by how many tests a file has) sent the longest late.  A file not
 # named here only starts later; the order never changes what a test sees.
-LONGEST_FIRST = ("test_warm_start.py", "test_restart.py", "test_warm_campaign.py", "test_fail_open.py",
-                 "test_shared_store.py", "test_pgo_integration.py", "test_optimizer_campaign.py",
-                 "test_real_models.py", "test_autograd_cache.py", "test_store_artifacts.py",
-                 "test_optimizer_guards.py", "test_graph_params.py", "test_flag_never_breaks.py",
+LONGEST_FIRST = ("test_warm_start.py", "test_shared_store.py", "test_warm_campaign.py", "test_restart.py",
+                 "test_fail_open.py", "test_optimizer_campaign.py", "test_autograd_cache.py",
+                 "test_real_models.py", "test_store_artifacts.py", "test_optimizer_guards.py",
+                 "test_pgo_integration.py", "test_graph_params.py", "test_flag_never_breaks.py",
                  "test_optimizer_soundness.py")
 
 

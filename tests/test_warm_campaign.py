@@ -145,42 +145,53 @@ def test_a_process_on_another_machine_is_never_served_stale_code(batch_index, tm
     assert not (root / "machine-b" / "stableguards" / "store").exists()  # nothing came from the local dir
 
 
-def test_checkpointing_policies_and_graphs_with_nothing_to_compute(tmp_path):
+# The fixed batches below, each for one test, run in one cold and one warm process: a batch
+# of the campaign mixes features and ambient settings in one process as well.
+POLICIES_AND_EMPTY_GRAPHS = [
+    *(Case(f"policy{variant}_{changed}", variant == 1, True,
+           (Feature("checkpoint_policy", 2.0, 3.0, "sin", "cos", variant),), "none", changed)
+      for variant in range(3) for changed in (None, 0)),
+    *(Case(f"view{train}_{changed}", False, train, (Feature("break_then_view", 1.5, 2.0, "sin", "cos"),),
+           "none", changed) for train in (False, True) for changed in (None, 0)),
+]
+COMPILED_AUTOGRAD_STEPS = [
+    *(Case(f"ca_{kind}_{changed}", module, True, (Feature(kind, 2.0, 3.0, "sin", "cos"),), "compiled_autograd",
+           changed)
+      for kind, module in (("module_global", False), ("module_hook", True), ("checkpoint_policy", False),
+                           ("break_then_view", False))
+      for changed in (None, 0)),
+    Case("ca_module_global_1", True, True, (Feature("module_global", 2.0, 3.0, "sin", "cos"),), "compiled_autograd",
+         1),
+]
+
+
+@pytest.fixture(scope="module")
+def fixed_batches(tmp_path_factory) -> tuple[dict, dict]:
+    if not _warm_start_available():
+        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
+    return _campaign(tmp_path_factory.mktemp("fixed"), POLICIES_AND_EMPTY_GRAPHS + COMPILED_AUTOGRAD_STEPS, flag=True)
+
+
+def test_checkpointing_policies_and_graphs_with_nothing_to_compute(fixed_batches):
     """The grammar's newest features, every variant, unchanged and changed (a drawn batch may
     hold none): a checkpointing policy reached through a global function, a closure and a
     ``functools.partial`` starts warm unchanged and is compiled again when the op it saves
     changes, which shows in no value; a graph break before a view (a resumed graph with
     nothing to compute) starts warm, and its change shows."""
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
-    batch = [Case("case", variant == 1, True, (Feature("checkpoint_policy", 2.0, 3.0, "sin", "cos", variant),),
-                  "none", changed) for variant in range(3) for changed in (None, 0)]
-    batch += [Case("case", False, train, (Feature("break_then_view", 1.5, 2.0, "sin", "cos"),), "none", changed)
-              for train in (False, True) for changed in (None, 0)]
-    _starts_warm_unless_changed(tmp_path, batch)
+    _starts_warm_unless_changed(POLICIES_AND_EMPTY_GRAPHS, *fixed_batches)
 
 
-def test_training_steps_under_compiled_autograd(tmp_path):
+def test_training_steps_under_compiled_autograd(fixed_batches):
     """Under compiled autograd a training step (the program, then its backward, in one compiled
     function) starts warm unchanged, compiled autograd's own graphs included; a changed
     program, policy or hook is compiled again and equals eager, and turning compiled autograd
     off finds no entry of the steps compiled with it."""
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
-    kinds = (("module_global", False), ("module_hook", True), ("checkpoint_policy", False),
-             ("break_then_view", False))
-    batch = [Case("case", module, True, (Feature(kind, 2.0, 3.0, "sin", "cos"),), "compiled_autograd", changed)
-             for kind, module in kinds for changed in (None, 0)]
-    batch.append(Case("case", True, True, (Feature("module_global", 2.0, 3.0, "sin", "cos"),), "compiled_autograd",
-                      1))
-    _starts_warm_unless_changed(tmp_path, batch)
+    _starts_warm_unless_changed(COMPILED_AUTOGRAD_STEPS, *fixed_batches)
 
 
-def _starts_warm_unless_changed(root: Path, batch: list[Case]) -> None:
-    """A fixed batch cold and warm, flag on: every result equals eager; unchanged cases start
-    warm, changed ones compile again, and their change shows unless it is meant not to."""
-    batch = [dataclasses.replace(c, name=f"case{i}") for i, c in enumerate(batch)]
-    cold, warm = _campaign(root, batch, flag=True)
+def _starts_warm_unless_changed(batch: list[Case], cold: dict, warm: dict) -> None:
+    """Flag on: every result equals eager; unchanged cases start warm, changed ones compile
+    again, and their change shows unless it is meant not to."""
     for case in batch:
         before, after = cold["cases"][case.name], warm["cases"][case.name]
         assert before["matches"] and after["matches"], (case, before, after)

@@ -10,7 +10,8 @@ mutable object a closure holds, a default, a dataclass or dict config, an
 environment variable a branch reads, an ``assume_constant_result`` function's
 input, a module hook of any kind or a global one, what a checkpointing policy
 saves (a policy Dynamo never traces, reached through a global function, a
-closure or a ``functools.partial``), saved-tensor hooks, grad, inference or
+closure or a ``functools.partial``), a global the guards check and the graph does
+not hold (the frame is traced again, into the same graph), saved-tensor hooks, grad, inference or
 autocast mode, the default dtype, a Dynamo or inductor setting, compiled
 autograd, or nothing at all.  A graph break followed by a view leaves a graph
 with nothing to compute; ``sum()`` of terms runs Dynamo's polyfill.  Under compiled autograd the compiled function is a
@@ -62,7 +63,8 @@ class Case:
 FEATURES = ("module_global", "helper_constant", "helper_attribute", "function_rebound", "helper_function_rebound",
             "method_patched", "builtin_shadowed", "torch_function_rebound", "class_attribute", "closure_cell",
             "mutable_closure", "default_arg", "dataclass_config", "dict_config", "env_branch", "constant_function",
-            "module_hook", "global_module_hook", "checkpoint_policy", "break_then_view", "sum_of_terms")
+            "module_hook", "global_module_hook", "checkpoint_policy", "break_then_view", "sum_of_terms",
+            "guard_only")
 # Ambient settings and what the changed process runs under instead.
 AMBIENTS = {
     "none": "no_grad", "no_grad": "none", "inference_mode": "none", "autocast": "none", "float64": "none",
@@ -73,7 +75,7 @@ AMBIENTS = {
 }
 # Changes that need not show in the eager outputs: a setting that only changes how it compiles,
 # modes that change no value, saved-tensor hooks that are other code with the same results.
-UNOBSERVABLE = {"checkpoint_policy",
+UNOBSERVABLE = {"checkpoint_policy", "guard_only",
                 "ambient:dynamo_setting", "ambient:inductor_setting", "ambient:no_grad", "ambient:none",
                 "ambient:inference_mode", "ambient:float64", "ambient:autocast", "ambient:saved_tensor_hooks",
                 "ambient:inlined_saved_tensor_hooks", "ambient:compiled_autograd"}
@@ -256,6 +258,9 @@ def _feature(p: _Program, case: Case, i: int, f: Feature, changed: bool) -> None
                              f"def CTX{i}():\n    return ctx_of{i}(policy{i})"))
         p.main.append(f"def ck{i}(t):\n    return t.{op_a}().{op_b}() * {a}")
         p.steps.append(f"y = torch.utils.checkpoint.checkpoint(ck{i}, y, use_reentrant=False, context_fn=CTX{i})")
+    elif kind == "guard_only":  # a global Dynamo guards on and the graph does not hold: the same graph
+        p.main.append(f"LEVEL{i} = {3 if changed else 2}")
+        p.steps.append(f"y = y * {a} if LEVEL{i} > 1 else y")
     elif kind == "break_then_view":  # the resumed graph may compute nothing: a view of its input
         p.main.append(f"K{i} = {b if changed else a}")
         p.steps += [f"y = y * K{i}", "torch._dynamo.graph_break()", "y = y.view_as(y)"]

@@ -107,6 +107,7 @@ def test_a_warm_process_is_never_served_stale_code(batch_index, tmp_path_factory
     for label, run in zip(("on, cold", "on, warm", "off, cold", "off, warm"), (*on, *off)):
         wrong = [name for name, result in run["cases"].items() if not result["matches"]]
         assert not wrong, (label, wrong, report)
+    assert not [run for run in on if "fallbacks" in run["explain"]], report  # no hook failed
     for case in batch:
         cold, warm = on[0]["cases"][case.name], on[1]["cases"][case.name]
         assert warm["eager"] == off[1]["cases"][case.name]["eager"], (case, report)
@@ -137,6 +138,7 @@ def test_a_process_on_another_machine_is_never_served_stale_code(batch_index, tm
     for label, run in (("cold", cold), ("warm", warm)):
         wrong = [name for name, result in run["cases"].items() if not result["matches"]]
         assert not wrong, (label, wrong, report)
+        assert "fallbacks" not in run["explain"], (label, report)  # no hook failed
     for case in batch:
         if case.changed is None and case.ambient not in LEFT_OUT:
             assert warm["cases"][case.name]["frames"] == 0, (case.name, report)  # found in the store
@@ -158,7 +160,7 @@ COMPILED_AUTOGRAD_STEPS = [
     *(Case(f"ca_{kind}_{changed}", module, True, (Feature(kind, 2.0, 3.0, "sin", "cos"),), "compiled_autograd",
            changed)
       for kind, module in (("module_global", False), ("module_hook", True), ("checkpoint_policy", False),
-                           ("break_then_view", False))
+                           ("break_then_view", False), ("guard_only", False))
       for changed in (None, 0)),
     Case("ca_module_global_1", True, True, (Feature("module_global", 2.0, 3.0, "sin", "cos"),), "compiled_autograd",
          1),
@@ -185,13 +187,16 @@ def test_training_steps_under_compiled_autograd(fixed_batches):
     """Under compiled autograd a training step (the program, then its backward, in one compiled
     function) starts warm unchanged, compiled autograd's own graphs included; a changed
     program, policy or hook is compiled again and equals eager, and turning compiled autograd
-    off finds no entry of the steps compiled with it."""
+    off finds no entry of the steps compiled with it.  A step traced again into the same graph
+    (a guard that fails, no value that changes) loads the cold one's AOTAutograd entry, whose
+    backward is uncompiled."""
     _starts_warm_unless_changed(COMPILED_AUTOGRAD_STEPS, *fixed_batches)
 
 
 def _starts_warm_unless_changed(batch: list[Case], cold: dict, warm: dict) -> None:
-    """Flag on: every result equals eager; unchanged cases start warm, changed ones compile
-    again, and their change shows unless it is meant not to."""
+    """Flag on: every result equals eager, and no hook failed; unchanged cases start warm,
+    changed ones compile again, and their change shows unless it is meant not to."""
+    assert "fallbacks" not in cold["explain"] and "fallbacks" not in warm["explain"], warm["explain"]
     for case in batch:
         before, after = cold["cases"][case.name], warm["cases"][case.name]
         assert before["matches"] and after["matches"], (case, before, after)

@@ -22,6 +22,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -434,6 +435,51 @@ def test_a_corrupt_or_failing_entry_compiles_as_usual(tmp_path, monkeypatch, cap
         assert dynamo_utils.counters["frames"]["total"] == frames + 1
         _restart_in_process()
     assert any("could not be installed" in r.getMessage() for r in caplog.records)
+
+
+def test_an_entry_saved_for_compiled_autograd_serves_torchs_cache_when_its_frame_is_traced(tmp_path, monkeypatch,
+                                                                                          caplog):
+    """Under compiled autograd a training graph's AOTAutograd entry holds its backward
+    uncompiled, and a graph with nothing to compute (a view after a graph break) holds its
+    graph module.  A process that traces the frames again (their warm-start entries gone, or
+    refused) finds those entries in AOTAutograd's cache: torch loads them as hits, with no
+    warning and no compile falling back (it read the uncompiled backward's compile time, None,
+    and failed)."""
+    import logging
+
+    import torch
+    import torch._dynamo.utils as dynamo_utils
+
+    if not _warm_start_available():
+        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+
+    def step(x):
+        loss = model(x).sum()
+        loss.backward()
+        return loss.detach()
+
+    def viewed(x):
+        y = x.sin()
+        torch._dynamo.graph_break()
+        return y.view(-1)
+
+    x = torch.randn(4, 8)
+    expected = [step(x), *(p.grad.clone() for p in model.parameters()), viewed(x)]
+    with torch._dynamo.config.patch(stable_guards=True, compiled_autograd=True), caplog.at_level(logging.WARNING):
+        for _ in range(2):  # cold, then with the warm-start entries gone
+            _restart_in_process()
+            shutil.rmtree(tmp_path / "stableguards" / "store", ignore_errors=True)
+            model.zero_grad(set_to_none=True)
+            got = [torch.compile(step)(x), *(p.grad for p in model.parameters()), torch.compile(viewed)(x)]
+            torch.testing.assert_close(got, expected)
+            leaf = x.clone().requires_grad_()
+            torch.compile(viewed)(leaf).sum().backward()
+            torch.testing.assert_close(leaf.grad, x.cos())
+        _restart_in_process()
+    assert dynamo_utils.counters["aot_autograd"]["autograd_cache_hit"] >= 1
+    assert not [r.getMessage() for r in caplog.records if "stableguards" in r.getMessage()]
 
 
 def test_a_kernel_missing_from_the_cache_dir_is_built_again_on_load(tmp_path):

@@ -265,8 +265,11 @@ def _feature(p: _Program, case: Case, i: int, f: Feature, changed: bool) -> None
         p.main.append(f"K{i} = {b if changed else a}")
         p.steps += [f"y = y * K{i}", "torch._dynamo.graph_break()", "y = y.view_as(y)"]
     elif kind == "global_module_hook":
+        # Not on the module torch.compile wraps a module in (OptimizedModule): it is one more
+        # module call than eager makes, so the hook would scale the compiled output once more.
         if changed:
             p.main.append(f"def ghook{i}(m, inputs, out):\n"
-                          f"    return out * {b} if isinstance(out, torch.Tensor) else out")
+                          f"    wrapper = isinstance(m, torch._dynamo.eval_frame.OptimizedModule)\n"
+                          f"    return out * {b} if isinstance(out, torch.Tensor) and not wrapper else out")
             p.build.append(f"_handles.append(torch.nn.modules.module.register_module_forward_hook(ghook{i}))")
             p.teardown.append("[h.remove() for h in _handles]")

@@ -24,7 +24,6 @@ with more, each batch is drawn from a random seed, printed on failure).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import random

@@ -6,6 +6,8 @@ downloads, and a training step with custom autograd and selective checkpointing)
 process, then a warm one on the same new cache dir.  Columns:
 
 * cold s, warm s, warm/cold: what ``torch.compile()`` and the first calls cost beyond running them;
+* warm full GC s: of warm s, what Python's full garbage collections took (each walks the whole
+  process's heap, whoever allocated last);
 * frames: frames Dynamo traced in the warm process, resume functions included (0: all installed from
   saved entries);
 * FX h/m/b, AOT h/m/b: FX-graph and AOTAutograd cache hits, misses and bypasses, warm;
@@ -76,6 +78,7 @@ COLUMNS = (
     ("cold s", lambda r: f"{r['cold']['compile_s']:.2f}"),
     ("warm s", lambda r: f"{r['warm']['compile_s']:.2f}"),
     ("warm/cold", lambda r: f"{r['warm']['compile_s'] / r['cold']['compile_s']:.3f}"),
+    ("warm full GC s", lambda r: f"{r['warm']['full_gc_s']:.2f}"),
     ("frames", lambda r: r["warm"]["frames"]),
     ("FX h/m/b", lambda r: "/".join(map(str, r["warm"]["fx"]))),
     ("AOT h/m/b", lambda r: "/".join(map(str, r["warm"]["aot"]))),

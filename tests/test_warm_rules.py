@@ -438,6 +438,22 @@ def test_a_fact_is_the_guards_code_without_torchs_comments():
     assert code_of(["L['d']['a#b'] == 'x#y'   # a comment"]) == "L['d']['a#b'] == 'x#y'"
 
 
+@hypothesis.settings(max_examples=400, deadline=None, database=None)
+@hypothesis.given(st.text(alphabet="ab #'\"\\", max_size=16))
+def test_a_comment_starts_where_pythons_tokenizer_finds_one(line):
+    """On every line Python tokenizes, the code ends where its tokenizer finds a comment."""
+    import io
+    import tokenize
+
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(line).readline))
+    except (tokenize.TokenError, SyntaxError):
+        tokens = []
+    hypothesis.assume(tokens and all(t.type != tokenize.ERRORTOKEN for t in tokens))
+    comment = next((t.start[1] for t in tokens if t.type == tokenize.COMMENT), None)
+    assert code_of([line]) == (line.strip() if comment is None else line[:comment].rstrip())
+
+
 def test_an_id_becomes_the_identity_of_the_object_it_names():
     code = f"___check_obj_id(G['os'], {id(os)}), type=<class 'module'>  # use"
     written = fact("G['os']", "ID_MATCH", [code], value=lambda: os, identity=identity)

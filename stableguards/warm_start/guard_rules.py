@@ -253,28 +253,19 @@ def explain_unproven(missing: list[Fact], warm: Iterable[Fact]) -> str:
 _IDS = re.compile(r"(___check_(?:obj|type)_id\(.*, )(\d+)\)")
 
 
+# Code up to the first ``#`` outside string literals: runs of other characters, and string
+# literals, triple-quoted first (a quote that opens a triple-quoted literal never closes early).
+_CODE = re.compile(r"""(?:[^'"#]+|'{3}(?:\\.|[^\\])*?'{3}|"{3}(?:\\.|[^\\])*?"{3}"""
+                   r"""|'(?!'')(?:\\.|[^'\\])*'|"(?!"")(?:\\.|[^"\\])*")*""", re.S)
+
+
 def _strip_comment(part: str) -> str:
     """The code before a ``#`` outside string literals (torch appends the user's source line
     as a comment), without trailing spaces."""
     if "#" not in part:
         return part.strip()
-    quote = ""
-    index = 0
-    while index < len(part):
-        char = part[index]
-        if quote:
-            if char == "\\":
-                index += 1  # the escaped character
-            elif part.startswith(quote, index):
-                index += len(quote) - 1
-                quote = ""
-        elif char in "'\"":
-            quote = part[index:index + 3] if part.startswith(char * 3, index) else char
-            index += len(quote) - 1
-        elif char == "#":
-            return part[:index].rstrip()
-        index += 1
-    return part.strip()
+    end = _CODE.match(part).end()  # type: ignore[union-attr] - it matches the empty string
+    return part[:end].rstrip() if part.startswith("#", end) else part.strip()
 
 
 def _short(text: str) -> str:

@@ -65,6 +65,17 @@ def test_key_names_what_torch_leaves_out_and_a_miss_names_the_component():
     assert Components.from_json(json.loads(json.dumps(key.as_json()))) == key
 
 
+def test_a_file_named_relative_to_the_working_directory_is_keyed_by_its_absolute_path(monkeypatch, tmp_path):
+    """``python train.py`` and ``python /abs/train.py`` (a launcher's restart) run one file."""
+    from stableguards.warm_start.key import source_file
+
+    monkeypatch.chdir(tmp_path)
+    assert source_file("train.py") == source_file(str(tmp_path / "train.py")) == str(tmp_path / "train.py")
+    assert source_file("sub/../train.py") == str(tmp_path / "train.py")
+    assert source_file("<string>") == "<string>"  # exec'd code: no file, wherever it ran
+    assert source_file("other.py") != source_file("train.py")
+
+
 def test_a_shared_method_is_keyed_by_its_receivers_class():
     class Other(_Holder):
         pass

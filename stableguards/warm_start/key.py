@@ -17,6 +17,7 @@ plain Python; ``stableguards.warm_start.hooks`` feeds it torch's objects.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,7 +43,7 @@ def entry_key(*, torch_key: str, fn: Any, backend: str, options: Mapping[str, An
         ("torch_key", torch_key),
         ("module", str(getattr(function, "__module__", None))),
         ("qualname", function.__qualname__),
-        ("file", _FX_FILE if code.co_filename.startswith(fx_home.FILE_PREFIX) else code.co_filename),
+        ("file", source_file(code.co_filename)),
         ("code", code_digest(code)),
         ("receiver", qualified(type(receiver)) if receiver is not None else "-"),
         ("backend", backend),
@@ -55,6 +56,21 @@ def entry_key(*, torch_key: str, fn: Any, backend: str, options: Mapping[str, An
 # torch.fx names the code it generates by a per-process counter (<eval_with_key>.N); the
 # module component names that code by its content (warm_start.fx_home).
 _FX_FILE = "<torch.fx generated code>"
+
+
+def source_file(filename: str) -> str:
+    """The file a code object was read from, as an absolute path.  ``python train.py``
+    records the path as given, relative to the working directory, and a restart launched
+    as ``python /abs/train.py`` (runpy, a launcher) reads the same file under its absolute
+    path.  Pseudo-files (``<string>``) stay as they are; torch.fx's generated code is named
+    by what it is.
+
+    One name for two spellings of one path cannot serve other code: the file only tells
+    entries apart, while the module, the qualname and the code's digest name the code, and
+    the entry's guards prove everything else it relied on."""
+    if filename.startswith(fx_home.FILE_PREFIX):
+        return _FX_FILE
+    return filename if filename.startswith("<") else os.path.abspath(filename)
 
 
 def config_digest(values: Mapping[str, Any]) -> str:

@@ -140,7 +140,7 @@ class Identities:
     def describe(self, obj: Any) -> str | None:
         key = id(obj)
         done = self._done.get(key)
-        if done is not None and done[0] is obj and not any(id(o) in self._open for o in done[2]):
+        if done is not None and done[0] is obj and (not done[2] or not any(id(o) in self._open for o in done[2])):
             return done[1]
         opened = self._open.get(key)
         if opened is not None:
@@ -307,12 +307,13 @@ class Identities:
                 continue
             if klass is not cls and not _importable(klass):
                 return None
-            for name, value in sorted(vars(klass).items(), key=lambda item: item[0]):
+            owner = qualified(klass)
+            for name, value in sorted(vars(klass).items()):  # by name: names are unique
                 if isinstance(value, _METHOD_LIKE):
                     described = self._attribute(value)
                     if described is None:
                         return None
-                    methods.append(f"{qualified(klass)}.{name}={described}")
+                    methods.append(f"{owner}.{name}={described}")
         mro = ",".join(qualified(k) for k in cls.__mro__)
         return f"class:{qualified(cls)}#{_digest(f'{mro}:{methods}')}"
 

@@ -53,6 +53,9 @@ class _FullCollections:
 
     @contextlib.contextmanager
     def timing(self):
+        if self._timing:  # a compile the timed code makes (transformers may call torch.compile)
+            yield
+            return
         gc.collect()
         self._timing = True
         try:

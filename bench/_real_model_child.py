@@ -143,27 +143,34 @@ def bert_kwargs():
     return lambda: run(compiled), lambda: run(model)
 
 
-def gpt2_train():
-    """A GPT-2 training step: forward, backward, ``optimizer.step()``, ``loss.detach()`` returned."""
-    def make():
-        torch.manual_seed(0)
-        model = _gpt2().train()
-        model.config.attn_pdrop = model.config.resid_pdrop = model.config.embd_pdrop = 0.0
-        for module in model.modules():
-            if isinstance(module, torch.nn.Dropout):
-                module.p = 0.0
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+def train(build, checkpointed: bool = False):
+    """A training step: forward, backward, ``optimizer.step()``, ``loss.detach()`` returned; with
+    ``checkpointed``, transformers' gradient checkpointing (non-reentrant) on every layer."""
+    def workload():
+        def make():
+            torch.manual_seed(0)
+            model = build().train()
+            for name in ("attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout"):
+                if hasattr(model.config, name):
+                    setattr(model.config, name, 0.0)
+            for module in model.modules():
+                if isinstance(module, torch.nn.Dropout):
+                    module.p = 0.0
+            if checkpointed:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
-        def step(ids):
-            loss = model(ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss.detach()
-        return step
-    compiled = torch.compile(make())
-    eager = make()
-    return lambda: [compiled(_ids(n)) for n in (8, 8, 8)], lambda: [eager(_ids(n)) for n in (8, 8, 8)]
+            def step(ids):
+                loss = model(ids, labels=ids).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                return loss.detach()
+            return step
+        compiled = torch.compile(make())
+        eager = make()
+        return lambda: [compiled(_ids(n)) for n in (8, 8, 8)], lambda: [eager(_ids(n)) for n in (8, 8, 8)]
+    return workload
 
 
 def gpt2_compiled_autograd():
@@ -236,8 +243,8 @@ def custom_train():
 
 
 WORKLOADS = {"gpt2": infer(_gpt2), "llama": infer(_llama), "llama_generate": generate, "bert_kwargs": bert_kwargs,
-             "gpt2_train": gpt2_train, "gpt2_compiled_autograd": gpt2_compiled_autograd,
-             "custom_train": custom_train}
+             "gpt2_train": train(_gpt2), "llama_checkpointed_train": train(_llama, checkpointed=True),
+             "gpt2_compiled_autograd": gpt2_compiled_autograd, "custom_train": custom_train}
 
 
 def main(name: str) -> dict:

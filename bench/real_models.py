@@ -2,7 +2,8 @@
 how the caches answered, flag off (with and without a job id) vs on.
 
 Each workload (bench/_real_model_child.py: tiny transformers models with random init, no
-downloads, and a training step with custom autograd and selective checkpointing) runs in a cold
+downloads, training steps with and without their gradient checkpointing, and one with custom
+autograd and selective checkpointing) runs in a cold
 process, then a warm one on the same new cache dir.  Columns:
 
 * cold s, warm s, warm/cold: what ``torch.compile()`` and the first calls cost beyond running them;
@@ -37,7 +38,8 @@ from pathlib import Path
 from columns import aligned
 
 HERE = Path(__file__).resolve().parent
-WORKLOADS = ("gpt2", "llama", "llama_generate", "bert_kwargs", "gpt2_train", "gpt2_compiled_autograd", "custom_train")
+WORKLOADS = ("gpt2", "llama", "llama_generate", "bert_kwargs", "gpt2_train", "llama_checkpointed_train",
+             "gpt2_compiled_autograd", "custom_train")
 # config: (flag, job id, extra environment)
 CONFIGS = {"off": ("0", None, {}), "off+job": ("0", "bench", {}), "on": ("1", None, {})}
 NEW_MACHINE_CONFIGS = {"off": ("0", None, {}), "on, no warm start": ("1", None, {"STABLEGUARDS_DISABLE": "warm_start"}),

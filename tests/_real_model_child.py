@@ -1,10 +1,11 @@
 """One process of the real-model test (tests/test_real_models.py): a tiny, randomly initialized
-transformers model, compiled, called over a growing sequence and compared with eager.
+transformers model, compiled, and compared with eager: called over a growing sequence, or
+(``train``) run for two training steps with transformers' gradient checkpointing.
 
-    python tests/_real_model_child.py FLAG MODEL ACTIVATION
+    python tests/_real_model_child.py FLAG MODEL ACTIVATION infer|train
 
-Prints one JSON line: whether every output equalled eager, the frames Dynamo traced, and
-stableguards' explanation.
+Prints one JSON line: whether every output equalled eager, the frames Dynamo traced (resume
+functions included), and stableguards' explanation.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
-from torch._dynamo.utils import counters
 
 import stableguards
+from _traced import TRACED
 
 
 def build(model: str, activation: str) -> torch.nn.Module:
@@ -36,17 +37,44 @@ def build(model: str, activation: str) -> torch.nn.Module:
                                         bos_token_id=0, eos_token_id=0, pad_token_id=0))
 
 
-def main(flag: str, model: str, activation: str) -> dict:
-    torch._dynamo.config.stable_guards = flag == "1"
+def _ids(n: int) -> torch.Tensor:
+    return torch.randint(0, 100, (1, n), generator=torch.Generator().manual_seed(n))
+
+
+def infer(model: str, activation: str) -> bool:
     net = build(model, activation).eval()
     compiled = torch.compile(net)
     ok = True
     with torch.no_grad():
         for n in (8, 12, 16):
-            ids = torch.randint(0, 100, (1, n), generator=torch.Generator().manual_seed(n))
-            ok &= bool(torch.allclose(compiled(ids).logits, net(ids).logits, atol=1e-5))
-    return {"ok": ok, "frames": counters["frames"]["ok"], "explain": stableguards.explain()}
+            ok &= bool(torch.allclose(compiled(_ids(n)).logits, net(_ids(n)).logits, atol=1e-5))
+    return ok
+
+
+def train(model: str, activation: str) -> bool:
+    """Two training steps (forward, backward, ``optimizer.step()``) with every layer
+    checkpointed (non-reentrant), against the same steps run eagerly on a copy."""
+    def make():
+        net = build(model, activation).train()
+        net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+        def step(ids):
+            loss = net(ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.detach()
+        return step
+    compiled, eager = torch.compile(make()), make()
+    return all(bool(torch.allclose(compiled(_ids(8)), eager(_ids(8)), atol=1e-5)) for _ in range(2))
+
+
+def main(flag: str, model: str, activation: str, mode: str) -> dict:
+    torch._dynamo.config.stable_guards = flag == "1"
+    ok = (train if mode == "train" else infer)(model, activation)
+    return {"ok": ok, "frames": len(TRACED), "explain": stableguards.explain()}
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(*sys.argv[1:4])))
+    print(json.dumps(main(*sys.argv[1:5])))

@@ -6,9 +6,9 @@ setting, and at most one change, made between the cold process and the warm
 one as a restarted job would see it: a module global rebound, a helper
 module's constant or function, a method patched on a class, a builtin
 shadowed, a torch function rebound, a class attribute, a closure cell or a
-mutable object a closure holds, a default, a dataclass or dict config, an
-environment variable a branch reads, an ``assume_constant_result`` function's
-input, a module hook of any kind or a global one, what a checkpointing policy
+mutable object a closure holds, a default, a dataclass or dict config, a global
+object holding what pickle cannot save, an environment variable a branch reads,
+an ``assume_constant_result`` function's input, a module hook of any kind or a global one, what a checkpointing policy
 saves (a policy Dynamo never traces, reached through a global function, a
 closure or a ``functools.partial``), a global the guards check and the graph does
 not hold (the frame is traced again, into the same graph), saved-tensor hooks, grad, inference or
@@ -64,7 +64,7 @@ FEATURES = ("module_global", "helper_constant", "helper_attribute", "function_re
             "method_patched", "builtin_shadowed", "torch_function_rebound", "class_attribute", "closure_cell",
             "mutable_closure", "default_arg", "dataclass_config", "dict_config", "env_branch", "constant_function",
             "module_hook", "global_module_hook", "checkpoint_policy", "break_then_view", "sum_of_terms",
-            "guard_only")
+            "guard_only", "held_state")
 # Ambient settings and what the changed process runs under instead.
 AMBIENTS = {
     "none": "no_grad", "no_grad": "none", "inference_mode": "none", "autocast": "none", "float64": "none",
@@ -264,6 +264,22 @@ def _feature(p: _Program, case: Case, i: int, f: Feature, changed: bool) -> None
     elif kind == "break_then_view":  # the resumed graph may compute nothing: a view of its input
         p.main.append(f"K{i} = {b if changed else a}")
         p.steps += [f"y = y * K{i}", "torch._dynamo.graph_break()", "y = y.view_as(y)"]
+    elif kind == "held_state":
+        # A global object holding a ContextVar (no guard reads it; pickle cannot save it) and a
+        # dict subclass whose __setitem__ changes the key (pickle rebuilds it through that),
+        # as transformers' output capture has them.  Changed: the object's scale (variant 0),
+        # the value the registry holds (1), or that and the order of its keys (2).
+        k, r = (b if changed and f.variant == 0 else a), (b if changed and f.variant else a)
+        items = [f"REG{i}[0] = 1.0", f"REG{i}[1] = {r}"]
+        p.main += ["import contextvars",
+                   f"class Holder{i}:\n    def __init__(self, k):\n"
+                   f"        self.var = contextvars.ContextVar('held{i}', default=None)\n        self.k = k",
+                   f"class Registry{i}(dict):\n    def __setitem__(self, key, value):\n"
+                   f"        super().__setitem__(f'k{{key}}', value)\n\n    def get_k(self, key):\n"
+                   f"        return super().get(f'k{{key}}')",
+                   f"HOLDER{i} = Holder{i}({k})", f"REG{i} = Registry{i}()",
+                   *(reversed(items) if changed and f.variant == 2 else items)]
+        p.steps.append(f"y = y * HOLDER{i}.k * REG{i}.get_k(1)")
     elif kind == "global_module_hook":
         # Not on the module torch.compile wraps a module in (OptimizedModule): it is one more
         # module call than eager makes, so the hook would scale the compiled output once more.

@@ -1,5 +1,6 @@
-"""Warm start on real models: tiny transformers models (random init, no downloads), cold then
-warm in two fresh processes on one cache dir, every output compared with eager."""
+"""Warm start on real models: tiny transformers models (random init, no downloads), inference and
+checkpointed training, cold then warm in two fresh processes on one cache dir, every output compared
+with eager."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ import pytest
 CHILD = Path(__file__).resolve().parent / "_real_model_child.py"
 
 
-def _run(cache: Path, flag: bool, model: str, activation: str) -> dict:
+def _run(cache: Path, flag: bool, model: str, activation: str, mode: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
     env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), PYTHONHASHSEED="random")
-    proc = subprocess.run([sys.executable, str(CHILD), "1" if flag else "0", model, activation], env=env,
-                          capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, str(CHILD), "1" if flag else "0", model, activation, mode],
+                          env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -36,18 +37,19 @@ def warm_start():
 
 # Flag off for one model only: it shows a restart traces again without the flag (torch's
 # behaviour, the same for both models), on the cache dir the flag-on processes filled.
-@pytest.mark.parametrize("model, activation, other, flag_off", [("gpt2", "gelu_new", "relu", True),
-                                                                ("llama", "silu", "gelu", False)])
+@pytest.mark.parametrize("model, activation, other, mode, flag_off", [("gpt2", "gelu_new", "relu", "infer", True),
+                                                                      ("llama", "silu", "gelu", "train", False)])
 def test_a_causal_lm_starts_warm_and_a_changed_one_is_compiled_again(warm_start, tmp_path, model, activation,
-                                                                      other, flag_off):
-    """Inference over a growing sequence: the restart traces nothing; a restart whose model
-    differs (another activation function) is never served the cold one's code."""
-    cold = _run(tmp_path / "on", True, model, activation)
-    warm = _run(tmp_path / "on", True, model, activation)
-    changed = _run(tmp_path / "on", True, model, other)
+                                                                      other, mode, flag_off):
+    """GPT-2 inference over a growing sequence, and Llama training steps with transformers'
+    gradient checkpointing: the restart traces nothing; a restart whose model differs
+    (another activation function) is never served the cold one's code."""
+    cold = _run(tmp_path / "on", True, model, activation, mode)
+    warm = _run(tmp_path / "on", True, model, activation, mode)
+    changed = _run(tmp_path / "on", True, model, other, mode)
     assert cold["ok"] and warm["ok"] and changed["ok"], (cold, warm, changed)
     assert cold["frames"] >= 1 and warm["frames"] == 0, warm["explain"]
     assert changed["frames"] >= 1, changed["explain"]
     if flag_off:
-        off = _run(tmp_path / "on", False, model, activation)
+        off = _run(tmp_path / "on", False, model, activation, mode)
         assert off["ok"] and off["frames"] >= 1  # flag off: the restart traces again

@@ -155,6 +155,12 @@ POLICIES_AND_EMPTY_GRAPHS = [
     *(Case(f"view{train}_{changed}", False, train, (Feature("break_then_view", 1.5, 2.0, "sin", "cos"),),
            "none", changed) for train in (False, True) for changed in (None, 0)),
 ]
+HELD_STATE = [
+    Case(f"held{variant}_{changed}", module, train, (Feature("held_state", 2.0, 3.0, "sin", "cos", variant),),
+         "none", changed)
+    for variant, module, train, changed in ((0, False, False, None), (1, True, True, None), (0, False, False, 0),
+                                            (1, False, True, 0), (2, True, False, 0))
+]
 COMPILED_AUTOGRAD_STEPS = [
     *(Case(f"ca_{kind}_{changed}", module, True, (Feature(kind, 2.0, 3.0, "sin", "cos"),), "compiled_autograd",
            changed)
@@ -170,7 +176,8 @@ COMPILED_AUTOGRAD_STEPS = [
 def fixed_batches(tmp_path_factory) -> tuple[dict, dict]:
     if not _warm_start_available():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
-    return _campaign(tmp_path_factory.mktemp("fixed"), POLICIES_AND_EMPTY_GRAPHS + COMPILED_AUTOGRAD_STEPS, flag=True)
+    batch = POLICIES_AND_EMPTY_GRAPHS + HELD_STATE + COMPILED_AUTOGRAD_STEPS
+    return _campaign(tmp_path_factory.mktemp("fixed"), batch, flag=True)
 
 
 def test_checkpointing_policies_and_graphs_with_nothing_to_compute(fixed_batches):
@@ -180,6 +187,14 @@ def test_checkpointing_policies_and_graphs_with_nothing_to_compute(fixed_batches
     changes, which shows in no value; a graph break before a view (a resumed graph with
     nothing to compute) starts warm, and its change shows."""
     _starts_warm_unless_changed(POLICIES_AND_EMPTY_GRAPHS, *fixed_batches)
+
+
+def test_global_objects_holding_what_pickle_cannot_save_start_warm(fixed_batches):
+    """A global object holding a ContextVar, which pickle cannot save and no guard reads, and a
+    dict subclass whose ``__setitem__`` changes the key, which pickle would rebuild through
+    it (transformers' output capture has both): every variant starts warm unchanged, and a
+    changed scale, value or key order is compiled again and equals eager."""
+    _starts_warm_unless_changed(HELD_STATE, *fixed_batches)
 
 
 def test_training_steps_under_compiled_autograd(fixed_batches):

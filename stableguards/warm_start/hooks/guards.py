@@ -5,9 +5,11 @@ restarted process from the cold process's ambient state.  The by-name builders
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import dataclasses
 import functools
 import inspect
+import pickle
 import sys
 import types
 from collections.abc import Iterator
@@ -108,10 +110,12 @@ def _round_trip(proof: Any, saved_state: bytes, code: Any, output_graph: Any) ->
     """Load the saved guards back, as a restarted process will, and compare (same process)."""
     from torch._dynamo.package import load_guard_manager, load_guards_state
 
-    state = load_guards_state(saved_state)
     token = STATE.checking.set(True)
     try:
+        state = load_guards_state(saved_state)
         loaded = load_guard_manager(state, code, output_graph.global_scope)
+    except Exception as error:  # noqa: BLE001 - saved so that it cannot load: a restarted process could not either
+        return f"they do not load back ({error!r:.200})"
     finally:
         STATE.checking.reset(token)
     return proofs.round_trip(proof, loaded, state, output_graph)
@@ -363,9 +367,10 @@ def _reduce_code(call: Any, self: Any, obj: Any) -> Any:
     """The guard pickler saves a local function's code object by its path from an
     importable function (``warm_start.code_path``), so a restarted process gets
     the code object its live functions share, and an identity check on
-    ``fn.__code__`` (``CLOSURE_BY_NAME``) can pass there; and an optimizer as
-    the attributes it holds.  Other objects, and code without such a path, are
-    pickled as torch pickles them (code by value, a fresh code object that no
+    ``fn.__code__`` (``CLOSURE_BY_NAME``) can pass there; an optimizer as
+    the attributes it holds; and a value no guard reads that pickle cannot save
+    as torch's sentinel (``_unpicklable_bystander``).  Other objects, and code
+    without such a path, are pickled as torch pickles them (code by value, a fresh code object that no
     live function runs: that check never passes).  Other packages' guards are
     pickled as torch pickles them."""
     if isinstance(obj, types.CodeType) and STATE.frame.get() is not None:
@@ -391,7 +396,65 @@ def _reduce_code(call: Any, self: Any, obj: Any) -> Any:
         # The rebuilt guards read it along their sources; its id check is bound on the
         # first call (ID_ON_FIRST_CALL).
         return _new_object, (type(obj),), vars(obj), None, None, _set_attributes
-    return call(self, obj)
+    if STATE.frame.get() is not None and _rebuilt_through_its_setitem(obj):
+        # Pickle rebuilds a dict subclass by calling its __setitem__ with each saved item,
+        # which may change the key again (transformers' output-capture registry stores
+        # str(key.__class__): every saved key became "<class 'str'>").  It is rebuilt with
+        # the items its storage holds, as dict's own copy would.
+        return _new_object, (type(obj),), (list(dict.items(obj)), getattr(obj, "__dict__", {})), None, None, \
+            _set_items_and_attributes
+    reduced = call(self, obj)
+    if reduced is NotImplemented and STATE.frame.get() is not None and _unpicklable_bystander(self, obj):
+        from torch._dynamo.package import _Missing
+
+        return _Missing, ("cannot be pickled, and no guard reads it",)
+    return reduced
+
+
+# What pickle saves itself when the reducer declines, before any __reduce_ex__.
+_PICKLED_BY_PICKLE = (dict, set, frozenset, list, tuple, bytearray, types.FunctionType)
+
+
+def _unpicklable_bystander(pickler: Any, obj: Any) -> bool:
+    """A value the saved scope holds that pickle cannot save and no guard reads: a ContextVar
+    in a global object's ``__dict__`` (transformers' output collector, whose type and
+    methods a checkpointed layer's frame guards) would leave the entry out.
+
+    It is saved as torch's ``_Missing``, as torch saves the unsupported types it lists
+    (streams, weakrefs, process groups) where no guard reads them.  Sound for the same
+    reason: the saved scope only builds the guards (the compiled code runs on the live
+    objects), and no guard reads this value; the round trip (``_round_trip``) then checks
+    that the guards built from the saved scope prove what the live ones did.  A value
+    that a guard reads, or that a container carried whole holds, is left to pickle: it
+    fails, and the entry is left out."""
+    if id(obj) in pickler.guard_tree_values or id(obj) in getattr(pickler, "_verbatim_elements", ()):
+        return False
+    kind = type(obj)
+    if kind in _PICKLED_BY_PICKLE or isinstance(obj, type) or kind in getattr(pickler, "dispatch_table",
+                                                                             copyreg.dispatch_table):
+        return False
+    try:
+        obj.__reduce_ex__(pickle.DEFAULT_PROTOCOL)  # what pickle calls next
+    except TypeError:
+        return True
+    return False
+
+
+def _rebuilt_through_its_setitem(obj: Any) -> bool:
+    """A dict subclass with its own ``__setitem__`` that pickle would save as any object
+    (no reduce, state or slots of its own): rebuilt through that ``__setitem__``."""
+    kind = type(obj)
+    return (isinstance(obj, dict) and kind.__setitem__ is not dict.__setitem__
+            and kind.__reduce_ex__ is object.__reduce_ex__ and kind.__reduce__ is object.__reduce__
+            and getattr(kind, "__getstate__", None) is getattr(object, "__getstate__", None)
+            and not hasattr(kind, "__setstate__") and not copyreg._slotnames(kind))
+
+
+def _set_items_and_attributes(obj: dict, state: tuple[list, dict]) -> None:
+    items, attributes = state
+    dict.update(obj, items)
+    if attributes:
+        obj.__dict__.update(attributes)
 
 
 def _new_object(cls: type) -> Any:

@@ -12,7 +12,8 @@ an ``assume_constant_result`` function's input, a module hook of any kind or a g
 saves (a policy Dynamo never traces, reached through a global function, a
 closure or a ``functools.partial``), a global the guards check and the graph does
 not hold (the frame is traced again, into the same graph), saved-tensor hooks, grad, inference or
-autocast mode, the default dtype, a Dynamo or inductor setting, compiled
+autocast mode (also entered for the calls only, ``torch.compile`` called
+outside it: ``*_call``), the default dtype, a Dynamo or inductor setting, compiled
 autograd, or nothing at all.  A graph break followed by a view leaves a graph
 with nothing to compute; ``sum()`` of terms runs Dynamo's polyfill.  Under compiled autograd the compiled function is a
 training step (``step``: the program, then its backward) as compiled autograd
@@ -71,14 +72,15 @@ AMBIENTS = {
     "saved_tensor_hooks": "saved_tensor_hooks_changed",
     "inlined_saved_tensor_hooks": "inlined_saved_tensor_hooks_changed",
     "dynamo_setting": "dynamo_setting_changed", "inductor_setting": "inductor_setting_changed",
-    "compiled_autograd": "none",
+    "compiled_autograd": "none", "autocast_call": "none", "inference_mode_call": "none",
 }
 # Changes that need not show in the eager outputs: a setting that only changes how it compiles,
 # modes that change no value, saved-tensor hooks that are other code with the same results.
 UNOBSERVABLE = {"checkpoint_policy", "guard_only",
                 "ambient:dynamo_setting", "ambient:inductor_setting", "ambient:no_grad", "ambient:none",
                 "ambient:inference_mode", "ambient:float64", "ambient:autocast", "ambient:saved_tensor_hooks",
-                "ambient:inlined_saved_tensor_hooks", "ambient:compiled_autograd"}
+                "ambient:inlined_saved_tensor_hooks", "ambient:compiled_autograd", "ambient:autocast_call",
+                "ambient:inference_mode_call"}
 # Changes a warm process must compile again for, though they change no value: serving the old
 # graph would keep the old policy's memory behaviour.
 MUST_COMPILE = {"checkpoint_policy"}
@@ -99,7 +101,7 @@ def cases(draw: st.DrawFn) -> Case:
         feats = tuple(f for f in feats if not f.kind.endswith("module_hook")) \
             or (Feature("module_global", 2.0, 3.0, "sin", "cos"),)
     ambient = draw(st.sampled_from(sorted(AMBIENTS)))
-    train = draw(st.booleans()) and ambient not in ("no_grad", "inference_mode")
+    train = draw(st.booleans()) and ambient not in ("no_grad", "inference_mode", "inference_mode_call")
     if ambient.endswith("saved_tensor_hooks") or ambient == "compiled_autograd":
         train = True  # the hooks act on a backward; compiled autograd compiles one
     if not train or ambient.endswith("saved_tensor_hooks"):  # a policy acts on a backward, without hooks

@@ -588,3 +588,67 @@ def test_no_aliasing_over_more_tensors_proves_no_aliasing_over_fewer():
     tricky = [aliasing("L['a']", "L['d']['x, y']", "L['e'][f(1, 2)]")]
     assert unproven(tricky, [aliasing("L['a']", "L['e'][f(1, 2)]", "L['d']['x, y']", "L['z']")]) == []
     assert unproven(tricky, [aliasing("L['a']", "L['d']['x", "y']")]) == tricky
+
+
+class _RewritingRegistry(dict):
+    """As transformers' output-capture registry: the key stored is not the key given."""
+
+    def __setitem__(self, key, value):
+        super().__setitem__(f"k{key}", value)
+
+
+class _SlottedDict(dict):
+    __slots__ = ("extra",)
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+
+
+class _StatefulDict(dict):
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+
+def test_a_dict_subclass_that_rewrites_its_keys_is_rebuilt_with_the_items_it_holds():
+    """Pickle rebuilds a dict subclass through its ``__setitem__``: keys it rewrites are rewritten
+    again.  The guard pickler rebuilds one that has no reduce, state or slots of its own from
+    the items its storage holds, in their order, with its attributes; other dicts are pickle's."""
+    import collections
+    import pickle
+
+    from stableguards.warm_start.hooks import guards
+
+    registry = _RewritingRegistry()
+    registry[2], registry[1] = "b", "a"
+    registry.note = "kept"
+    assert dict(pickle.loads(pickle.dumps(registry))) == {"kk2": "b", "kk1": "a"}  # what pickle makes of it
+    assert guards._rebuilt_through_its_setitem(registry)
+    rebuilt = guards._new_object(_RewritingRegistry)
+    guards._set_items_and_attributes(rebuilt, (list(dict.items(registry)), vars(registry)))
+    assert type(rebuilt) is _RewritingRegistry and list(rebuilt.items()) == [("k2", "b"), ("k1", "a")]
+    assert rebuilt.note == "kept"
+    for other in ({"a": 1}, collections.OrderedDict(a=1), collections.defaultdict(int), collections.Counter(a=1),
+                  _SlottedDict(a=1), _StatefulDict(a=1)):
+        assert not guards._rebuilt_through_its_setitem(other), type(other)
+
+
+def test_only_a_value_no_guard_reads_that_pickle_cannot_save_becomes_torchs_sentinel():
+    """A ContextVar, a lock or a generator no guard reads is saved as torch's ``_Missing``; one a
+    guard reads, or one inside a container an EQUALS_MATCH reads whole, is left to pickle (and
+    the entry out).  What pickle saves, or saves by name, is pickle's."""
+    import contextvars
+    import threading
+
+    from stableguards.warm_start.hooks import guards
+
+    var, lock, gen = contextvars.ContextVar("v"), threading.Lock(), (i for i in range(2))
+    pickler = types.SimpleNamespace(guard_tree_values={}, _verbatim_elements=set())
+    assert all(guards._unpicklable_bystander(pickler, value) for value in (var, lock, gen))
+    pickler.guard_tree_values[id(var)] = var
+    pickler._verbatim_elements.add(id(lock))
+    assert not guards._unpicklable_bystander(pickler, var) and not guards._unpicklable_bystander(pickler, lock)
+    for picklable in (object(), [var], {"v": var}, len, _RewritingRegistry, code_of, Fact):
+        assert not guards._unpicklable_bystander(pickler, picklable), picklable

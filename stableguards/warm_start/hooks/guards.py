@@ -122,10 +122,15 @@ def _round_trip(proof: Any, saved_state: bytes, code: Any, output_graph: Any) ->
 
 
 def _pickle_guards_state(call: Any, state: Any, builder: Any) -> bytes:
-    """The entry's proof goes into the saved guard state (``_serialize_guards``)."""
+    """The entry's proof goes into the saved guard state (``_serialize_guards``), with the
+    thread's dispatch keys the live guards were built under (``_cold_ambient_state``)."""
     proof = STATE.proof.get()
     if proof is not None:
+        import torch
+
         state.stableguards_proof = proof.to_state()
+        state.stableguards_dispatch_keys = (torch._C._dispatch_tls_local_include_set().raw_repr(),
+                                            torch._C._dispatch_tls_local_exclude_set().raw_repr())
     return call(state, builder)
 
 
@@ -133,12 +138,14 @@ def _load_guard_manager(call: Any, guards_state: Any, target_code: Any, runtime_
     """Build a saved entry's guards from the cold process's ambient state, not this one's,
     and keep its proof beside them for ``_serve_loaded``.
 
-    Two guards read the process's state when they are built rather than the
-    saved state they print: the default device and the saved-tensor hooks.  The
-    cold process proved "the default device was D" and "no inlineable hooks were
-    active"; built under the same state, the loaded guards check each call for
-    that (a warm ``torch.compile`` inside a ``saved_tensors_hooks`` context would
-    otherwise build "these hooks", by id).  Only our own entries are touched."""
+    Some guards read the process's state when they are built rather than the
+    saved state they print: the default device, the saved-tensor hooks, and the
+    thread's dispatch keys a tensor check applies.  The cold process proved "the
+    default device was D", "no inlineable hooks were active" and "the tensor
+    dispatches to these keys"; built under the same state, the loaded guards
+    check each call for that (a warm ``torch.compile`` inside a
+    ``saved_tensors_hooks`` context would otherwise build "these hooks", by id).
+    Only our own entries are touched."""
     if STATE.installing.get() is None and not STATE.checking.get():
         return call(guards_state, target_code, runtime_global_scope)
     from stableguards.warm_start.proof import Proof
@@ -146,7 +153,8 @@ def _load_guard_manager(call: Any, guards_state: Any, target_code: Any, runtime_
     bindings: dict[str, Binding] = {}
     token = STATE.building.set(bindings)
     try:
-        with _cold_ambient_state(guards_state.output_graph.current_device):
+        with _cold_ambient_state(guards_state.output_graph.current_device,
+                                 getattr(guards_state, "stableguards_dispatch_keys", None)):
             guard_manager = call(guards_state, target_code, runtime_global_scope)
     finally:
         STATE.building.reset(token)
@@ -164,9 +172,16 @@ def _load_guard_manager(call: Any, guards_state: Any, target_code: Any, runtime_
 
 
 @contextlib.contextmanager
-def _cold_ambient_state(device: Any) -> Iterator[None]:
-    """The default device the cold compile saw, and no inlineable saved-tensor hooks (the only
-    hooks an entry is saved under), while guards are built."""
+def _cold_ambient_state(device: Any, dispatch_keys: tuple[int, int] | None) -> Iterator[None]:
+    """The default device the cold compile saw, no inlineable saved-tensor hooks (the only
+    hooks an entry is saved under), and the thread's dispatch keys the cold guards were built
+    under, while guards are built.
+
+    A tensor check records the keys a tensor dispatches to under the thread's included and
+    excluded keys when it is built, and compares that with what each call's tensors have
+    under the keys then: an entry compiled inside ``torch.autocast`` expects AutocastCPU.  A
+    warm ``torch.compile`` outside the autocast region the calls run in would otherwise
+    build "no AutocastCPU", which no call passes (and which the proof refuses)."""
     import torch
     import torch.utils._device as device_state
     from torch._functorch._aot_autograd import utils
@@ -176,8 +191,13 @@ def _cold_ambient_state(device: Any) -> Iterator[None]:
         popped.append(utils.top_saved_tensors_hooks())
         torch._C._autograd._pop_saved_tensors_default_hooks()
     prior, device_state.CURRENT_DEVICE = device_state.CURRENT_DEVICE, device
+    keys = contextlib.nullcontext()
+    if dispatch_keys is not None:
+        include, exclude = (torch._C.DispatchKeySet.from_raw_repr(raw) for raw in dispatch_keys)
+        keys = torch._C._ForceDispatchKeyGuard(include, exclude)
     try:
-        yield
+        with keys:
+            yield
     finally:
         device_state.CURRENT_DEVICE = prior
         for pack, unpack in reversed(popped):

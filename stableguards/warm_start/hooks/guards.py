@@ -387,12 +387,13 @@ def _reduce_code(call: Any, self: Any, obj: Any) -> Any:
     """The guard pickler saves a local function's code object by its path from an
     importable function (``warm_start.code_path``), so a restarted process gets
     the code object its live functions share, and an identity check on
-    ``fn.__code__`` (``CLOSURE_BY_NAME``) can pass there; an optimizer as
-    the attributes it holds; and a value no guard reads that pickle cannot save
-    as torch's sentinel (``_unpicklable_bystander``).  Other objects, and code
-    without such a path, are pickled as torch pickles them (code by value, a fresh code object that no
-    live function runs: that check never passes).  Other packages' guards are
-    pickled as torch pickles them."""
+    ``fn.__code__`` (``CLOSURE_BY_NAME``) can pass there; and an optimizer as
+    the attributes it holds.  Where torch would leave an object to pickle: a dict
+    subclass that rewrites its keys by its items, and a value no guard reads that
+    pickle cannot save as torch's sentinel.  Other objects, and code without such
+    a path, are pickled as torch pickles them (code by value, a fresh code object
+    that no live function runs: that check never passes).  Other packages'
+    guards are pickled as torch pickles them."""
     if isinstance(obj, types.CodeType) and STATE.frame.get() is not None:
         path = code_path(obj)
         if path is not None:
@@ -416,15 +417,17 @@ def _reduce_code(call: Any, self: Any, obj: Any) -> Any:
         # The rebuilt guards read it along their sources; its id check is bound on the
         # first call (ID_ON_FIRST_CALL).
         return _new_object, (type(obj),), vars(obj), None, None, _set_attributes
-    if STATE.frame.get() is not None and _rebuilt_through_its_setitem(obj):
+    reduced = call(self, obj)
+    if reduced is not NotImplemented or STATE.frame.get() is None:
+        return reduced  # torch's own reduction, a pruned value's included
+    if _rebuilt_through_its_setitem(obj):
         # Pickle rebuilds a dict subclass by calling its __setitem__ with each saved item,
         # which may change the key again (transformers' output-capture registry stores
         # str(key.__class__): every saved key became "<class 'str'>").  It is rebuilt with
         # the items its storage holds, as dict's own copy would.
         return _new_object, (type(obj),), (list(dict.items(obj)), getattr(obj, "__dict__", {})), None, None, \
             _set_items_and_attributes
-    reduced = call(self, obj)
-    if reduced is NotImplemented and STATE.frame.get() is not None and _unpicklable_bystander(self, obj):
+    if _unpicklable_bystander(self, obj):
         from torch._dynamo.package import _Missing
 
         return _Missing, ("cannot be pickled, and no guard reads it",)

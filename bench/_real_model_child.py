@@ -143,9 +143,10 @@ def bert_kwargs():
     return lambda: run(compiled), lambda: run(model)
 
 
-def train(build, checkpointed: bool = False):
-    """A training step: forward, backward, ``optimizer.step()``, ``loss.detach()`` returned; with
-    ``checkpointed``, transformers' gradient checkpointing (non-reentrant) on every layer."""
+def train(build, checkpointed: bool = False, optimizer: str = "SGD"):
+    """A training step: forward, backward, ``optimizer.step()`` (a fresh ``torch.optim.<optimizer>``),
+    ``loss.detach()`` returned; with ``checkpointed``, transformers' gradient checkpointing
+    (non-reentrant) on every layer."""
     def workload():
         def make():
             torch.manual_seed(0)
@@ -158,7 +159,7 @@ def train(build, checkpointed: bool = False):
                     module.p = 0.0
             if checkpointed:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            opt = getattr(torch.optim, optimizer)(model.parameters(), lr=0.01)
 
             def step(ids):
                 loss = model(ids, labels=ids).loss
@@ -243,7 +244,8 @@ def custom_train():
 
 
 WORKLOADS = {"gpt2": infer(_gpt2), "llama": infer(_llama), "llama_generate": generate, "bert_kwargs": bert_kwargs,
-             "gpt2_train": train(_gpt2), "llama_checkpointed_train": train(_llama, checkpointed=True),
+             "gpt2_train": train(_gpt2),
+             "llama_checkpointed_train": train(_llama, checkpointed=True, optimizer="AdamW"),
              "gpt2_compiled_autograd": gpt2_compiled_autograd, "custom_train": custom_train}
 
 

@@ -40,12 +40,11 @@ class Config:
 
     def whole_step_warm(self) -> bool:
         """Whether its step's own graph and the optimizer's other frames surely start warm:
-        its state is there before the first step (restored, made with the optimizer:
-        Adagrad) or there is none, and it has no step hook.  A fresh optimizer makes its
-        state while its first step is traced, which the cold entry's guards see; Dynamo
-        checks a step hook's handle id, a per-process counter, which a batch of cases in one
-        process (compiling in one, not in the other) moves apart: a miss, not a wrong hit."""
-        return (self.restored or not self.stateful() or self.optimizer == "Adagrad") and self.hook == "none"
+        unless it has a step hook.  A fresh optimizer's first step is served the state its
+        cold trace made (warm_start/hooks/optimizer_init.py).  Dynamo checks a step hook's
+        handle id, a per-process counter, which a batch of cases in one process (compiling
+        in one, not in the other) moves apart: a miss, not a wrong hit."""
+        return self.hook == "none"
 
 
 @dataclass(frozen=True)

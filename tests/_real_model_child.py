@@ -52,12 +52,12 @@ def infer(model: str, activation: str) -> bool:
 
 
 def train(model: str, activation: str) -> bool:
-    """Two training steps (forward, backward, ``optimizer.step()``) with every layer
+    """Two training steps (forward, backward, a fresh AdamW's ``step()``) with every layer
     checkpointed (non-reentrant), against the same steps run eagerly on a copy."""
     def make():
         net = build(model, activation).train()
         net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
 
         def step(ids):
             loss = net(ids, labels=ids).loss

@@ -141,6 +141,20 @@ def warm_start_training() -> None:
     torch.testing.assert_close(x.grad, expected)
 
 
+def warm_start_optimizer_step() -> None:
+    """A fresh optimizer's step compiled for a saved entry: Dynamo makes its state while tracing."""
+    def make():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        model(torch.ones(3, 4)).sum().backward()
+        return model, torch.optim.AdamW(model.parameters(), lr=0.1)
+
+    (model, opt), (eager_model, eager_opt) = make(), make()
+    torch.compile(opt.step)()
+    eager_opt.step()
+    torch.testing.assert_close(model.weight, eager_model.weight)
+
+
 def warm_start_compiled_autograd() -> None:
     """A training step under compiled autograd: compiled autograd traces its backward, and its
     own graph is compiled with flat inputs."""
@@ -246,6 +260,8 @@ def workload_for(hook) -> None:
     elif hook.target in ("GmWrapper.__init__", "_aot_stage2c_make_autograd_function",
                          "AutogradCompilerInstance.proxy_call_aot_backward"):
         warm_start_compiled_autograd()
+    elif hook.target == "OptimizerVariable.get_python_args":
+        warm_start_optimizer_step()
     elif hook.target == "invoke_and_store_as_constant":
         warm_start_constants()
     elif hook.part == "warm_start":

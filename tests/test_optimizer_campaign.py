@@ -12,8 +12,8 @@ one change between a cold
 and a warm process; both run flag on, and again flag off.  Checked: every
 loss and parameter equals eager; a change that should show does (the eager
 results differ between the processes); an unchanged step starts warm: its own
-frames are installed, and so is the optimizer's own step graph where its
-state is there before the first step (restored from a checkpoint, or none).
+frames are installed, and so is the optimizer's own step graph, a fresh
+optimizer's included, unless it has a step hook.
 
 Size: STABLEGUARDS_OPTIMIZER_CAMPAIGN_CASES cases per batch (CI: 5) and
 STABLEGUARDS_OPTIMIZER_CAMPAIGN_BATCHES batches (CI: 1, the same cases each
@@ -99,20 +99,25 @@ def _check(batch: list[OptimizerCase], on: tuple[dict, dict], off: tuple[dict, d
 
 def test_optimizer_steps_start_warm_unless_their_optimizer_changed(tmp_path):
     """Unchanged (with and without an lr scheduler, which wraps the optimizer's step; Adam
-    restored from a checkpoint), and each kind of change once: another learning rate, class,
+    restored from a checkpoint; a fresh AdamW with two param groups and a fresh SGD with
+    momentum, whose state their first step makes), and each kind of change once: another learning rate, class,
     step hook, another optimizer object from the second step, fresh state for restored."""
     if not _warm_start_available():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     sgd, scheduled, adam = Config(), Config(scheduler=True), Config(optimizer="Adam", restored=True)
-    pairs = [(sgd, sgd), (scheduled, scheduled), (adam, adam), (sgd, Config(lr=0.05)),
+    fresh_adamw, fresh_momentum = Config(optimizer="AdamW", groups=2), Config(option="momentum")
+    pairs = [(sgd, sgd), (scheduled, scheduled), (adam, adam), (fresh_adamw, fresh_adamw),
+             (fresh_momentum, fresh_momentum), (sgd, Config(lr=0.05)),
              (sgd, Config(optimizer="Adam")), (sgd, Config(hook="pre")), (sgd, Config(rebuilt=True)),
              (adam, Config(optimizer="Adam"))]
     batch = [OptimizerCase(f"case{i}", cold, warm) for i, (cold, warm) in enumerate(pairs)]
     on = _cold_then_warm(tmp_path, batch, flag=True)
     _check(batch, on)
-    for case in batch[:3]:  # the optimizer's step graph too (SGD's is found before any SGD is made)
+    # The optimizer's step graph too (SGD's is found before any SGD is made), fresh ones
+    # included: their first step is served the state the cold trace made.
+    for case in batch[:5]:
         assert not on[1]["cases"][case.name]["traced"], case
-    for case in batch[3:-1]:  # each change bites: the step's frames that check the optimizer compile again
+    for case in batch[5:-1]:  # each change bites: the step's frames that check the optimizer compile again
         assert own_frames(case.name, on[1]["cases"][case.name]["traced"]), case
     # Fresh state where the cold process restored it: Adam's step graph compiles again.
     assert "step" in on[1]["cases"][batch[-1].name]["traced"]

@@ -652,3 +652,61 @@ def test_only_a_value_no_guard_reads_that_pickle_cannot_save_becomes_torchs_sent
     assert not guards._unpicklable_bystander(pickler, var) and not guards._unpicklable_bystander(pickler, lock)
     for picklable in (object(), [var], {"v": var}, len, _RewritingRegistry, code_of, Fact):
         assert not guards._unpicklable_bystander(pickler, picklable), picklable
+
+
+def _state_init(optimizer, group: int = 0, source: str = "opt"):
+    from torch._dynamo.source import LocalSource, OptimizerSource
+
+    from stableguards.warm_start.hooks.optimizer_init import StateInit, _argument, _type_name
+
+    groups = optimizer.param_groups
+    args = (groups[group], *[[] for _ in range(6)])  # Adam's _init_group, as Dynamo maps it
+    return StateInit(OptimizerSource(LocalSource(source)), _type_name(optimizer), group,
+                     tuple(_argument(a, groups) for a in args), ())
+
+
+def test_a_fresh_optimizer_is_given_the_state_the_cold_trace_made_and_only_a_fresh_one():
+    """The ``_init_group`` calls a cold trace made are made again on the frame's optimizer when it
+    has no state at all and is of the cold type: its state is then Adam's first state (the same
+    as an eager step makes), and ``empty`` makes it fresh again.  An optimizer with state, of
+    another type, or missing from the frame is not touched."""
+    import torch
+    from torch._dynamo.variables.optimizer import OptimizerVariable
+
+    from stableguards.warm_start.hooks import optimizer_init
+
+    if not hasattr(OptimizerVariable, "_safe_to_set_capturable"):
+        pytest.skip("the call is made as torch 2.15's Dynamo makes it (warm start is torch 2.15's)")
+
+    def frame(opt):
+        return types.SimpleNamespace(f_globals={}, f_locals={"opt": opt})
+
+    def adam(cls=torch.optim.AdamW):
+        params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))]
+        opt = cls([{"params": params[:1]}, {"params": params[1:]}], lr=0.1)
+        for p in params:
+            p.grad = torch.full_like(p, 0.5)
+        return opt
+
+    opt = adam()
+    saved = types.SimpleNamespace(stableguards_state_inits=(_state_init(opt, 0), _state_init(opt, 1)))
+    assert saved.stableguards_state_inits[0].args[:2] == (("group", 0), ("list", None))
+    filled = optimizer_init.fill_as_cold(saved, frame(opt))
+    assert filled == [opt, opt] and len(opt.state) == 2
+    eager = adam()
+    for group in eager.param_groups:  # what an eager step's own calls make
+        eager._init_group(group, [], [], [], [], [], [])
+    for p, q in zip(opt.state, eager.state):
+        assert opt.state[p].keys() == eager.state[q].keys()
+        assert all(torch.equal(opt.state[p][k], eager.state[q][k]) for k in opt.state[p])
+    optimizer_init.empty(filled)
+    assert not opt.state and isinstance(opt.state, dict)
+
+    assert optimizer_init.fill_as_cold(saved, frame(adam(torch.optim.Adam))) == []  # another type
+    assert optimizer_init.fill_as_cold(saved, types.SimpleNamespace(f_globals={}, f_locals={})) == []  # not there
+    stepped = adam()
+    stepped.step()
+    before = {p: dict(s) for p, s in stepped.state.items()}
+    assert optimizer_init.fill_as_cold(saved, frame(stepped)) == []  # not fresh: untouched
+    assert all(stepped.state[p][k] is v for p, s in before.items() for k, v in s.items())
+    assert optimizer_init.fill_as_cold(types.SimpleNamespace(), frame(opt)) == [] and not opt.state  # none saved

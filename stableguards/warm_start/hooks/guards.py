@@ -72,6 +72,7 @@ def _serialize_guards(call: Any, self: Any, builder: Any, sorted_guards: list, o
 
     traced = STATE.traced.get() or proofs.Traced()
     bound, versioned = _graph_tensors(traced, sorted_guards)
+    versioned |= _empty_dicts(builder, sorted_guards)
     replacements = {id(guard): _replacement(guard, builder, bound, versioned, traced.graph_tensors)
                     for guard in sorted_guards}
     alive = _alive_by_binding(sorted_guards, builder, replacements, output_graph)
@@ -123,7 +124,8 @@ def _round_trip(proof: Any, saved_state: bytes, code: Any, output_graph: Any) ->
 
 def _pickle_guards_state(call: Any, state: Any, builder: Any) -> bytes:
     """The entry's proof goes into the saved guard state (``_serialize_guards``), with the
-    thread's dispatch keys the live guards were built under (``_cold_ambient_state``)."""
+    thread's dispatch keys the live guards were built under (``_cold_ambient_state``) and the
+    optimizer state its trace filled (``optimizer_init``)."""
     proof = STATE.proof.get()
     if proof is not None:
         import torch
@@ -131,6 +133,9 @@ def _pickle_guards_state(call: Any, state: Any, builder: Any) -> bytes:
         state.stableguards_proof = proof.to_state()
         state.stableguards_dispatch_keys = (torch._C._dispatch_tls_local_include_set().raw_repr(),
                                             torch._C._dispatch_tls_local_exclude_set().raw_repr())
+        traced = STATE.traced.get()
+        if traced is not None and traced.state_inits:
+            state.stableguards_state_inits = tuple(traced.state_inits)
     return call(state, builder)
 
 
@@ -230,6 +235,15 @@ def _graph_tensors(traced: proofs.Traced, guards: list) -> tuple[frozenset[str],
         raise TorchError(PackageError(f"its graph takes the tensors at {', '.join(sorted(unchecked))}, which Dynamo "
                                       f"checks neither by id nor by their dict's version"))
     return frozenset(bound), frozenset(versioned)
+
+
+def _empty_dicts(builder: Any, guards: list) -> frozenset[str]:
+    """The dicts whose version is checked that were empty when the guards were built: an
+    optimizer's per-parameter state, made by its first step's ``_init_group`` and filled by
+    its graph.  Bound on the entry's first call like a dict holding graph tensors: what the
+    proof says of it (``proofs._state_dict_fact``: it held nothing) is checked there."""
+    return frozenset(guard.name for guard in guards if guard.create_fn_name() == "DICT_VERSION"
+                     and type(value := builder.get(guard)) is dict and not value)
 
 
 def _alive_by_binding(guards: list, builder: Any, replacements: dict[int, Any], output_graph: Any) -> dict[int, str]:
@@ -625,3 +639,4 @@ HOOKS = [
     Hook("torch._dynamo.symbolic_convert", "InliningInstructionTranslator.__init__", "warm_start", _record_inlined,
          params=("parent", "code", "symbolic_locals", "funcvar")),
 ]
+

@@ -10,7 +10,7 @@ from typing import Any
 from stableguards.codes import frame_label
 from stableguards.hooks.core import Hook
 from stableguards.warm_start import messages
-from stableguards.warm_start.hooks import proofs
+from stableguards.warm_start.hooks import optimizer_init, proofs
 from stableguards.warm_start.state import STATE
 
 _PACKAGE = "torch._dynamo.package"
@@ -95,7 +95,9 @@ def _serve_loaded(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -
     (``_refusal``): an entry that proves less is dropped, named in explain().
     Only the compiled context that loaded it (its package) is served, so
     another backend compiling the same code compiles its own.  Nothing is
-    traced, and no frame is counted."""
+    traced, and no frame is counted.  An entry whose cold trace made a fresh
+    optimizer's state is tried again once this call's fresh optimizer holds
+    that state (``_serves_with_cold_state``)."""
     rows = STATE.loaded.get(STATE.by_code(frame.f_code)) if STATE.loaded else None
     if rows:
         package = getattr(getattr(self, "_inner_convert", None), "_package", None)
@@ -107,7 +109,35 @@ def _serve_loaded(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -
                 return _admit(frame.f_code, entry)
             _drop(frame.f_code, entry)
             messages.not_used(frame_label(frame.f_code), why)
+        for entry in list(rows) if package is not None else ():
+            if entry.package() is package and _serves_with_cold_state(entry, frame):
+                return _admit(frame.f_code, entry)
     return call(self, frame, *args, **kwargs)
+
+
+def _serves_with_cold_state(entry: LoadedEntry, frame: Any) -> bool:
+    """Whether ``entry`` serves this call once its fresh optimizers hold the state its cold
+    trace filled (``optimizer_init``): made, then its guards and proof checked in full; the
+    state is emptied again if they fail."""
+    loaded = getattr(entry.guard_manager, "stableguards", None)
+    filled = optimizer_init.fill_as_cold(loaded.guards_state, frame) if loaded is not None else []
+    if not filled:
+        return False
+    served = False
+    try:
+        if not entry.guard_manager.check(frame.f_locals):
+            return False
+        why = _refusal(entry.guard_manager, frame.f_locals)
+        if why is not None:
+            _drop(frame.f_code, entry)
+            messages.not_used(frame_label(frame.f_code), why)
+            return False
+        served = True
+    finally:
+        if not served:
+            optimizer_init.empty(filled)
+    messages.cold_state_made(frame_label(frame.f_code), filled)
+    return True
 
 
 def _drop(code: Any, entry: LoadedEntry) -> None:

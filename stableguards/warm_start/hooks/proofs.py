@@ -92,6 +92,7 @@ class Traced:
     # sources (Sources) of the tensors its compiled code takes first (None: one has no source).
     graph_params: dict[str, tuple[Any, ...] | None] = field(default_factory=dict)
     graph_tensors: set[int] = field(default_factory=set)  # ids of those tensors
+    state_inits: list[Any] = field(default_factory=list)  # optimizer_init.StateInit: state the trace filled
 
     def inline(self, code: Any, scope: dict, arguments: dict[str, Any]) -> None:
         """A function inlined, with its globals and its arguments (VariableTrackers)."""

@@ -1,0 +1,157 @@
+"""A fresh optimizer's first step, served by its saved entry: the state the cold trace filled.
+
+Dynamo does not trace an optimizer's ``_init_group``: while it traces the step it
+calls it for real (``OptimizerVariable._init_group``), which fills the optimizer's
+state (AdamW's ``exp_avg``, ``exp_avg_sq``, ``step``), and the entry's guards then
+expect that state.  A restarted process with a fresh optimizer has none, so the
+saved entry of its first step fails them, and tracing the step again is what would
+fill it: every restart traced the first AdamW step.
+
+So the cold compile notes each such call that filled a param group's state (where
+the optimizer came from, the group, the arguments as Dynamo mapped them), and the
+entry is saved with them.  In a restarted process, a call that no loaded entry
+serves, on an optimizer with no state at all, makes those calls as Dynamo made
+them, then checks the entry's guards and proof as for any loaded entry.  If they
+pass, the entry serves; if not, the state is emptied again and the frame is traced
+as usual (which calls ``_init_group`` itself).
+
+Sound as the trace it stands for: the calls are the ones the cold trace made, on
+the same group of an optimizer of the same type, at the start of the frame whose
+trace made them, with the frame's own arguments' state (the grads) as they are at
+that call; only an optimizer whose state is empty is touched, and it is emptied
+again unless the entry, checked in full afterwards, serves the call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from stableguards.hooks.core import Hook
+from stableguards.warm_start.state import STATE
+
+_GROUP, _LIST, _CONSTANT = "group", "list", "constant"
+_CONSTANTS = (bool, int, float, str, type(None))
+
+
+@dataclass(frozen=True)
+class StateInit:
+    """One ``_init_group`` call the cold trace made that filled a param group's state: the
+    optimizer's source and type, the group's index, and each argument as Dynamo mapped it
+    (the group, a new empty list, or a constant)."""
+
+    source: Any  # a Dynamo Source, resolved on the restarted frame
+    optimizer_type: str  # module.qualname
+    group: int
+    args: tuple[tuple[str, Any], ...]
+    kwargs: tuple[tuple[str, tuple[str, Any]], ...]
+
+
+def _type_name(obj: Any) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def _argument(value: Any, groups: list) -> tuple[str, Any] | None:
+    for index, group in enumerate(groups):
+        if value is group:
+            return _GROUP, index
+    if type(value) is list and not value:
+        return _LIST, None
+    if type(value) in _CONSTANTS:
+        return _CONSTANT, value
+    return None
+
+
+def _note_init(call: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    """Dynamo maps an ``_init_group`` call's arguments before making it for real: noted for
+    the saved entry (``StateInit``) when the call is going to fill a param group's state."""
+    py_args, py_kwargs = call(self, *args, **kwargs)
+    traced = STATE.traced.get()
+    optimizer, source = self.value, self.source
+    if traced is None or source is None:
+        return py_args, py_kwargs
+    groups = optimizer.param_groups
+    mapped = [_argument(value, groups) for value in py_args]
+    named = [(name, _argument(value, groups)) for name, value in py_kwargs.items()]
+    group = [value for kind, value in filter(None, mapped + [m for _, m in named]) if kind == _GROUP]
+    if None in mapped or any(m is None for _, m in named) or len(group) != 1:
+        return py_args, py_kwargs  # not a call we can make again: the entry simply stays as it is
+    if any(p in optimizer.state for p in groups[group[0]]["params"]):
+        return py_args, py_kwargs  # this group's state was there before the trace
+    traced.state_inits.append(StateInit(source, _type_name(optimizer), group[0], tuple(mapped), tuple(named)))
+    return py_args, py_kwargs
+
+
+def _optimizers(inits: tuple[StateInit, ...], frame: Any) -> list[Any] | None:
+    """The live optimizer of each call, on this frame; None unless every one is of the cold
+    type and has no state at all (a fresh optimizer)."""
+    from torch._dynamo.guards import _get_closure_vars
+
+    found, scope = [], {"G": frame.f_globals, "L": frame.f_locals}
+    for init in inits:
+        try:  # as Dynamo's guard builder reads a source's value
+            optimizer = init.source.get_value(scope, dict(_get_closure_vars()), {})
+        except Exception:  # a source this frame does not have
+            return None
+        if _type_name(optimizer) != init.optimizer_type or not hasattr(optimizer, "_init_group") \
+                or len(optimizer.state):
+            return None
+        found.append(optimizer)
+    return found
+
+
+def fill_as_cold(guards_state: Any, frame: Any) -> list[Any]:
+    """Make the ``_init_group`` calls the cold trace of this entry made, on this frame's fresh
+    optimizers: the optimizers filled (none if the entry made no such call, or this frame's
+    optimizers are not fresh).  ``empty`` them again unless the entry serves the call."""
+    from torch._dynamo.variables.optimizer import OptimizerVariable
+
+    inits = tuple(getattr(guards_state, "stableguards_state_inits", ()))
+    # The call is made as torch 2.15's Dynamo makes it (``_init_as_dynamo_does``).
+    optimizers = _optimizers(inits, frame) if inits and hasattr(OptimizerVariable, "_safe_to_set_capturable") \
+        else None
+    if not optimizers:
+        return []
+    try:
+        for init, optimizer in zip(inits, optimizers):
+            _init_as_dynamo_does(optimizer, init)
+    except BaseException:
+        empty(optimizers)
+        raise
+    return optimizers
+
+
+def empty(optimizers: list[Any]) -> None:
+    """Fresh again, as they were before ``fill_as_cold``."""
+    for optimizer in optimizers:
+        optimizer.state.clear()
+
+
+def _init_as_dynamo_does(optimizer: Any, init: StateInit) -> None:
+    """``OptimizerVariable._init_group``'s call, made again: the same arguments, the group's
+    ``capturable`` set while it runs where Dynamo sets it, under the grad mode of the step."""
+    import torch
+    from torch._dynamo.variables.optimizer import OptimizerVariable
+
+    def value(kind: str, v: Any) -> Any:
+        return optimizer.param_groups[v] if kind == _GROUP else [] if kind == _LIST else v
+
+    args = [value(kind, v) for kind, v in init.args]
+    kwargs = {name: value(kind, v) for name, (kind, v) in init.kwargs}
+    group = optimizer.param_groups[init.group]
+    as_dynamo = type("_Optimizer", (), {"value": optimizer})()
+    capturable = OptimizerVariable._safe_to_set_capturable(as_dynamo, group)
+    prior = group.get("capturable")
+    if capturable:
+        group["capturable"] = True
+    try:
+        with torch.set_grad_enabled(bool(optimizer.defaults.get("differentiable", False))):
+            optimizer._init_group(*args, **kwargs)
+    finally:
+        if capturable:
+            group["capturable"] = prior
+
+
+HOOKS = [
+    Hook("torch._dynamo.variables.optimizer", "OptimizerVariable.get_python_args", "warm_start", _note_init),
+]

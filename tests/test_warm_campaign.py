@@ -161,10 +161,15 @@ HELD_STATE = [
     for variant, module, train, changed in ((0, False, False, None), (1, True, True, None), (0, False, False, 0),
                                             (1, False, True, 0), (2, True, False, 0))
 ]
+# Under autocast, a graph break too: the frame after it is compiled inside the region, as a
+# transformers layer called after a break is.
 CALLS_UNDER_A_SETTING = [
-    Case(f"{setting}_{changed}", setting.startswith("autocast"), setting.startswith("autocast"),
-         (Feature("module_global", 2.0, 3.0, "sin", "cos"),), setting, changed)
-    for setting in ("autocast_call", "inference_mode_call") for changed in (None, 1)
+    Case(f"{setting}_{changed}", autocast, autocast, features, setting, None if changed is None else len(features))
+    for setting, autocast, features in (
+        ("autocast_call", True, (Feature("module_global", 2.0, 3.0, "sin", "cos"),
+                                 Feature("break_then_view", 1.5, 2.0, "sin", "cos"))),
+        ("inference_mode_call", False, (Feature("module_global", 2.0, 3.0, "sin", "cos"),)))
+    for changed in (None, "setting")
 ]
 COMPILED_AUTOGRAD_STEPS = [
     *(Case(f"ca_{kind}_{changed}", module, True, (Feature(kind, 2.0, 3.0, "sin", "cos"),), "compiled_autograd",
@@ -207,7 +212,8 @@ def test_calls_under_a_setting_torch_compile_was_called_outside_of_start_warm(fi
     records its tensor's dispatch keys under the thread's keys when it is built, and a
     restart builds the loaded checks when ``torch.compile`` runs, outside the setting.  They
     are built under the keys the cold ones were built under, so an unchanged case starts
-    warm; calls outside the setting compile again."""
+    warm, the frame after a graph break inside autocast too; calls outside the setting
+    compile again."""
     _starts_warm_unless_changed(CALLS_UNDER_A_SETTING, *fixed_batches)
 
 

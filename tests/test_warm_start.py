@@ -515,13 +515,11 @@ def _cold_then_warm(script: str, cache: Path) -> list[dict]:
     return [_run_script(script, cache) for _ in range(2)]
 
 
-def _run_script(script: str | Path, cache: Path, **extra: str) -> dict:
-    """``script`` (its text, or a file) in a fresh process on ``cache`` (``extra``: more
-    environment)."""
+def _run_script(script: str, cache: Path, **extra: str) -> dict:
+    """``script`` in a fresh process on ``cache`` (``extra``: more environment)."""
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
     env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), **extra)
-    command = [str(script)] if isinstance(script, Path) else ["-c", script]
-    proc = subprocess.run([sys.executable, *command, str(Path(__file__).parent)], env=env,
+    proc = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent)], env=env,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -561,52 +559,6 @@ def test_a_graph_with_nothing_to_compute_starts_warm(tmp_path):
     cold, warm = _cold_then_warm(NOTHING_TO_COMPUTE, tmp_path)
     assert cold["ok"] and "torch_dynamo_resume_in_infer_at_12" in cold["traced"], cold
     assert warm["ok"] and warm["traced"] == [], warm["explain"]
-
-
-AUTOCAST_INSIDE = textwrap.dedent("""
-    import json, os, sys, torch
-    sys.path.insert(0, sys.argv[1])
-    from _traced import TRACED
-    torch._dynamo.config.stable_guards = True
-    import stableguards
-
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 4))
-
-    def inner(x):
-        print("", end="")  # a graph break: the rest of inner is a frame of its own, under autocast
-        return net(x).float().pow(2).mean()
-
-    def step(x):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=os.environ["AUTOCAST"] == "1"):
-            loss = inner(x)
-        loss.backward()
-        return loss.detach()
-
-    compiled = torch.compile(step)  # outside the autocast region its calls run in
-    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
-    got = [compiled(x) for _ in range(2)] + [p.grad.clone() for p in net.parameters()]
-    net.zero_grad()
-    want = [step(x) for _ in range(2)] + [p.grad.clone() for p in net.parameters()]
-    ok = all(torch.allclose(g, w, atol=2e-2) for g, w in zip(got, want))
-    print(json.dumps({"ok": ok, "traced": [code.co_name for code in TRACED], "explain": stableguards.explain()}))
-""")
-
-
-def test_a_frame_compiled_inside_autocast_starts_warm_under_a_compile_made_outside_it(tmp_path):
-    """A tensor check records the dispatch keys of its tensor under the thread's keys when it is
-    built: inside autocast, AutocastCPU.  A restart's ``torch.compile`` outside the autocast
-    region builds the loaded checks under the keys the cold ones were built under, so the
-    frame compiled inside it starts warm; the same step without autocast compiles again."""
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
-    script = tmp_path / "autocast_step.py"  # a frame of its own needs a module torch can find
-    script.write_text(AUTOCAST_INSIDE)
-    cold, warm = (_run_script(script, tmp_path / "cache", AUTOCAST="1") for _ in range(2))
-    assert cold["ok"] and "torch_dynamo_resume_in_inner_at_12" in cold["traced"], cold
-    assert warm["ok"] and warm["traced"] == [], warm["explain"]
-    without = _run_script(script, tmp_path / "cache", AUTOCAST="0")
-    assert without["ok"] and without["traced"], without["explain"]
 
 
 # A training step under compiled autograd, and its eager twin, for the child scripts below.

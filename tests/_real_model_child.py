@@ -52,8 +52,9 @@ def infer(model: str, activation: str) -> bool:
 
 
 def train(model: str, activation: str) -> bool:
-    """Two training steps (forward, backward, a fresh AdamW's ``step()``) with every layer
-    checkpointed (non-reentrant), against the same steps run eagerly on a copy."""
+    """Two training steps (forward, backward, gradients clipped, a fresh AdamW's ``step()``)
+    with every layer checkpointed (non-reentrant), against the same steps run eagerly on a
+    copy."""
     def make():
         net = build(model, activation).train()
         net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -62,6 +63,7 @@ def train(model: str, activation: str) -> bool:
         def step(ids):
             loss = net(ids, labels=ids).loss
             loss.backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
             return loss.detach()

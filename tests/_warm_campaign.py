@@ -7,7 +7,8 @@ one as a restarted job would see it: a module global rebound, a helper
 module's constant or function, a method patched on a class, a builtin
 shadowed, a torch function rebound, a class attribute, a closure cell or a
 mutable object a closure holds, a default, a dataclass or dict config, a global
-object holding what pickle cannot save, an environment variable a branch reads,
+object holding what pickle cannot save, a helper decorated with ``torch.no_grad()``,
+an environment variable a branch reads,
 an ``assume_constant_result`` function's input, a module hook of any kind or a global one, what a checkpointing policy
 saves (a policy Dynamo never traces, reached through a global function, a
 closure or a ``functools.partial``), a global the guards check and the graph does
@@ -65,7 +66,7 @@ FEATURES = ("module_global", "helper_constant", "helper_attribute", "function_re
             "method_patched", "builtin_shadowed", "torch_function_rebound", "class_attribute", "closure_cell",
             "mutable_closure", "default_arg", "dataclass_config", "dict_config", "env_branch", "constant_function",
             "module_hook", "global_module_hook", "checkpoint_policy", "break_then_view", "sum_of_terms",
-            "guard_only", "held_state")
+            "guard_only", "held_state", "no_grad_helper")
 # Ambient settings and what the changed process runs under instead.
 AMBIENTS = {
     "none": "no_grad", "no_grad": "none", "inference_mode": "none", "autocast": "none", "float64": "none",
@@ -282,6 +283,13 @@ def _feature(p: _Program, case: Case, i: int, f: Feature, changed: bool) -> None
                    f"HOLDER{i} = Holder{i}({k})", f"REG{i} = Registry{i}()",
                    *(reversed(items) if changed and f.variant == 2 else items)]
         p.steps.append(f"y = y * HOLDER{i}.k * REG{i}.get_k(1)")
+    elif kind == "no_grad_helper":
+        # A helper in another module decorated with torch.no_grad() (torch.nn.utils.clip_grad's
+        # helpers are): Dynamo checks the type of what its wrapper's closure holds, a bound
+        # method (the decorator's clone).  Changed: the helper's constant.
+        p.helper += [f"C{i} = {b if changed else a}",
+                     f"@torch.no_grad()\ndef offset{i}(t):\n    return t.{op_a}() * C{i}"]
+        p.steps.append(f"y = y + helper.offset{i}(y)")
     elif kind == "global_module_hook":
         # Not on the module torch.compile wraps a module in (OptimizedModule): it is one more
         # module call than eager makes, so the hook would scale the compiled output once more.

@@ -161,6 +161,11 @@ HELD_STATE = [
     for variant, module, train, changed in ((0, False, False, None), (1, True, True, None), (0, False, False, 0),
                                             (1, False, True, 0), (2, True, False, 0))
 ]
+NO_GRAD_HELPERS = [
+    Case(f"nograd{train}_{changed}", module, train, (Feature("no_grad_helper", 2.0, 3.0, "sin", "cos"),), "none",
+         changed)
+    for module, train, changed in ((False, False, None), (True, True, None), (False, True, 0))
+]
 # Under autocast, a graph break too: the frame after it is compiled inside the region, as a
 # transformers layer called after a break is.
 CALLS_UNDER_A_SETTING = [
@@ -186,7 +191,7 @@ COMPILED_AUTOGRAD_STEPS = [
 def fixed_batches(tmp_path_factory) -> tuple[dict, dict]:
     if not _warm_start_available():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
-    batch = POLICIES_AND_EMPTY_GRAPHS + HELD_STATE + CALLS_UNDER_A_SETTING + COMPILED_AUTOGRAD_STEPS
+    batch = POLICIES_AND_EMPTY_GRAPHS + HELD_STATE + NO_GRAD_HELPERS + CALLS_UNDER_A_SETTING + COMPILED_AUTOGRAD_STEPS
     return _campaign(tmp_path_factory.mktemp("fixed"), batch, flag=True)
 
 
@@ -205,6 +210,14 @@ def test_global_objects_holding_what_pickle_cannot_save_start_warm(fixed_batches
     it (transformers' output capture has both): every variant starts warm unchanged, and a
     changed scale, value or key order is compiled again and equals eager."""
     _starts_warm_unless_changed(HELD_STATE, *fixed_batches)
+
+
+def test_helpers_decorated_with_no_grad_start_warm(fixed_batches):
+    """A helper in another module decorated with ``torch.no_grad()``, as torch.nn.utils.clip_grad's
+    are: Dynamo checks the type of the bound method its wrapper's closure holds, a type the
+    interpreter names in ``types`` only.  It starts warm unchanged; its constant changed
+    shows, and compiles again."""
+    _starts_warm_unless_changed(NO_GRAD_HELPERS, *fixed_batches)
 
 
 def test_calls_under_a_setting_torch_compile_was_called_outside_of_start_warm(fixed_batches):

@@ -406,6 +406,21 @@ def test_a_graph_modules_own_class_is_its_methods_and_none_type_its_name():
     assert identity(type(None)) == "class:NoneType"
 
 
+def test_the_interpreters_own_types_are_named_where_types_holds_them():
+    """A bound method's type calls itself ``builtins.method``, which ``builtins`` does not hold:
+    it is named as ``types`` holds it (Dynamo checks the type of the bound method a
+    ``torch.no_grad()`` decorator's wrapper closes over).  Each name imports that type."""
+    from stableguards.codes import resolve
+    from stableguards.warm_start.identity import _TYPES_MODULE_NAMES
+
+    method = types.MethodType(lambda self: self, object())
+    assert identity(type(method)) == "class:types.MethodType"
+    assert identity(type(len)) == "class:types.BuiltinFunctionType"  # the first of its two names
+    for cls, name in _TYPES_MODULE_NAMES.items():
+        assert resolve(*name.split(".")) is cls and identity(cls) == f"class:{name}"
+    assert identity(int).startswith("class:builtins.int#")  # importable by its own name: as before
+
+
 def test_identities_are_the_same_in_every_process():
     script = textwrap.dedent("""
         import sys

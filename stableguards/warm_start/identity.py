@@ -299,6 +299,8 @@ class Identities:
     def _class(self, cls: type) -> str | None:
         if cls in _SINGLETON_TYPES:
             return f"class:{cls.__name__}"
+        if cls in _TYPES_MODULE_NAMES:
+            return f"class:{_TYPES_MODULE_NAMES[cls]}"
         if not _importable(cls) and not _fx_graph_class(cls):
             return None
         methods = []
@@ -379,6 +381,16 @@ def _importable(cls: type) -> bool:
         return resolve(cls.__module__, cls.__qualname__) is cls
     except (KeyError, AttributeError):
         return False
+
+
+# The interpreter's own types that its module does not hold by their name but ``types`` does
+# (a bound method's type calls itself ``builtins.method``): fixed C types, the same in every
+# process of one Python, named where they can be imported from.
+_TYPES_MODULE_NAMES: dict[type, str] = {}
+for _name, _value in sorted(vars(types).items()):  # the first of two names (FunctionType, LambdaType)
+    if isinstance(_value, type) and not _name.startswith("_") and _value not in _SINGLETON_TYPES \
+            and not _importable(_value):
+        _TYPES_MODULE_NAMES.setdefault(_value, f"types.{_name}")
 
 
 _SCALARS = (bool, int, float, type(None))

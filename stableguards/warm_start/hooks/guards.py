@@ -639,4 +639,3 @@ HOOKS = [
     Hook("torch._dynamo.symbolic_convert", "InliningInstructionTranslator.__init__", "warm_start", _record_inlined,
          params=("parent", "code", "symbolic_locals", "funcvar")),
 ]
-

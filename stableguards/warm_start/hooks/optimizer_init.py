@@ -64,7 +64,8 @@ def _argument(value: Any, groups: list) -> tuple[str, Any] | None:
 
 def _note_init(call: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     """Dynamo maps an ``_init_group`` call's arguments before making it for real: noted for
-    the saved entry (``StateInit``) when the call is going to fill a param group's state."""
+    the saved entry (``StateInit``) when no parameter of the group has state yet (the call
+    is what makes it)."""
     py_args, py_kwargs = call(self, *args, **kwargs)
     traced = STATE.traced.get()
     optimizer, source = self.value, self.source

@@ -386,11 +386,10 @@ def _importable(cls: type) -> bool:
 # The interpreter's own types that its module does not hold by their name but ``types`` does
 # (a bound method's type calls itself ``builtins.method``): fixed C types, the same in every
 # process of one Python, named where they can be imported from.
-_TYPES_MODULE_NAMES: dict[type, str] = {}
-for _name, _value in sorted(vars(types).items()):  # the first of two names (FunctionType, LambdaType)
-    if isinstance(_value, type) and not _name.startswith("_") and _value not in _SINGLETON_TYPES \
-            and not _importable(_value):
-        _TYPES_MODULE_NAMES.setdefault(_value, f"types.{_name}")
+# Of two names (FunctionType, LambdaType), the first: later items of the reversed order win.
+_TYPES_MODULE_NAMES = {value: f"types.{name}" for name, value in sorted(vars(types).items(), reverse=True)
+                       if isinstance(value, type) and not name.startswith("_") and value not in _SINGLETON_TYPES
+                       and not _importable(value)}
 
 
 _SCALARS = (bool, int, float, type(None))

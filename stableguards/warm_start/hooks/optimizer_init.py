@@ -105,12 +105,13 @@ def fill_as_cold(guards_state: Any, frame: Any) -> list[Any]:
     """Make the ``_init_group`` calls the cold trace of this entry made, on this frame's fresh
     optimizers: the optimizers filled (none if the entry made no such call, or this frame's
     optimizers are not fresh).  ``empty`` them again unless the entry serves the call."""
+    inits = tuple(getattr(guards_state, "stableguards_state_inits", ()))
+    if not inits:
+        return []
     from torch._dynamo.variables.optimizer import OptimizerVariable
 
-    inits = tuple(getattr(guards_state, "stableguards_state_inits", ()))
     # The call is made as torch 2.15's Dynamo makes it (``_init_as_dynamo_does``).
-    optimizers = _optimizers(inits, frame) if inits and hasattr(OptimizerVariable, "_safe_to_set_capturable") \
-        else None
+    optimizers = _optimizers(inits, frame) if hasattr(OptimizerVariable, "_safe_to_set_capturable") else None
     if not optimizers:
         return []
     try:

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from stableguards.hooks.core import Hook
+from stableguards.warm_start.guard_rules import Unprovable
+from stableguards.warm_start.hooks import proofs
 from stableguards.warm_start.state import STATE
 
 _GROUP, _LIST, _CONSTANT = "group", "list", "constant"
@@ -86,13 +88,12 @@ def _note_init(call: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
 def _optimizers(inits: tuple[StateInit, ...], frame: Any) -> list[Any] | None:
     """The live optimizer of each call, on this frame; None unless every one is of the cold
     type and has no state at all (a fresh optimizer)."""
-    from torch._dynamo.guards import _get_closure_vars
-
-    found, scope = [], {"G": frame.f_globals, "L": frame.f_locals}
+    found = []
+    value = proofs._Scope(frame.f_locals, frame.f_globals).values({init.source.name: init.source for init in inits})
     for init in inits:
-        try:  # as Dynamo's guard builder reads a source's value
-            optimizer = init.source.get_value(scope, dict(_get_closure_vars()), {})
-        except Exception:  # a source this frame does not have
+        try:
+            optimizer = value(init.source.name)
+        except Unprovable:  # a source this frame does not have
             return None
         if _type_name(optimizer) != init.optimizer_type or not hasattr(optimizer, "_init_group") \
                 or len(optimizer.state):

@@ -4,7 +4,8 @@ A case is a training step (forward, ``loss.backward()``, ``opt.step()``,
 ``opt.zero_grad()``), a function of its own, and the optimizer it runs in the
 cold process and in the warm one: its class, learning rate, one option, a
 step hook, one or two param groups, an lr scheduler, whether its state is
-restored from a checkpoint (as a restarted job does) before the first step,
+restored from a checkpoint (as a restarted job does) before the first step, in
+full or for the first layer only (the second one added since),
 and whether the warm process makes another optimizer object from the second
 step on.  At most one of them changes between the processes.
 """
@@ -31,7 +32,9 @@ class Config:
     hook: str = "none"
     groups: int = 1
     scheduler: bool = False  # an lr scheduler (StepLR, halving) stepped after each step
-    restored: bool = False  # state loaded from a checkpoint (two eager steps) before the first step
+    # State loaded from a checkpoint (two eager steps) before the first step: "all", or "part":
+    # the second layer's state as a fresh optimizer has it (a layer added since the checkpoint).
+    restored: str = "none"
     rebuilt: bool = False  # another optimizer object, made as the first was, from the second step
 
     def stateful(self) -> bool:
@@ -73,7 +76,7 @@ class OptimizerCase:
 
 
 _CHOICES = {"optimizer": OPTIMIZERS, "lr": LRS, "option": OPTIONS, "hook": HOOKS, "groups": (1, 2),
-            "scheduler": (False, True), "restored": (False, True), "rebuilt": (False, True)}
+            "scheduler": (False, True), "restored": ("none", "all", "part"), "rebuilt": (False, True)}
 
 
 @st.composite

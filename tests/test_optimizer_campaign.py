@@ -7,7 +7,7 @@ class, hyperparameters, hooks and tensors' metadata) and binds the id check
 to the optimizer of the entry's first call (docs/warm_start.md).  Hypothesis
 draws training steps and their optimizers from tests/_optimizer_campaign.py
 (class, learning rate, an option, a step hook, param groups, state restored
-from a checkpoint, another optimizer object on a later step), with at most
+from a checkpoint in full or in part, another optimizer object on a later step), with at most
 one change between a cold
 and a warm process; both run flag on, and again flag off.  Checked: every
 loss and parameter equals eager; a change that should show does (the eager
@@ -99,15 +99,17 @@ def _check(batch: list[OptimizerCase], on: tuple[dict, dict], off: tuple[dict, d
 
 def test_optimizer_steps_start_warm_unless_their_optimizer_changed(tmp_path):
     """Unchanged (with and without an lr scheduler, which wraps the optimizer's step; Adam
-    restored from a checkpoint; a fresh AdamW with two param groups and a fresh SGD with
-    momentum, whose state their first step makes), and each kind of change once: another learning rate, class,
-    step hook, another optimizer object from the second step, fresh state for restored."""
+    restored from a checkpoint; a fresh AdamW with two param groups, a fresh SGD with momentum
+    and an AdamW restored for its first layer only, whose state their first step makes), and
+    each kind of change once: another learning rate, class, step hook, another optimizer
+    object from the second step, fresh state for restored."""
     if not _warm_start_available():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
-    sgd, scheduled, adam = Config(), Config(scheduler=True), Config(optimizer="Adam", restored=True)
+    sgd, scheduled, adam = Config(), Config(scheduler=True), Config(optimizer="Adam", restored="all")
     fresh_adamw, fresh_momentum = Config(optimizer="AdamW", groups=2), Config(option="momentum")
+    part_adamw = Config(optimizer="AdamW", restored="part")
     pairs = [(sgd, sgd), (scheduled, scheduled), (adam, adam), (fresh_adamw, fresh_adamw),
-             (fresh_momentum, fresh_momentum), (sgd, Config(lr=0.05)),
+             (fresh_momentum, fresh_momentum), (part_adamw, part_adamw), (sgd, Config(lr=0.05)),
              (sgd, Config(optimizer="Adam")), (sgd, Config(hook="pre")), (sgd, Config(rebuilt=True)),
              (adam, Config(optimizer="Adam"))]
     batch = [OptimizerCase(f"case{i}", cold, warm) for i, (cold, warm) in enumerate(pairs)]
@@ -115,9 +117,9 @@ def test_optimizer_steps_start_warm_unless_their_optimizer_changed(tmp_path):
     _check(batch, on)
     # The optimizer's step graph too (SGD's is found before any SGD is made), fresh ones
     # included: their first step is served the state the cold trace made.
-    for case in batch[:5]:
+    for case in batch[:6]:
         assert not on[1]["cases"][case.name]["traced"], case
-    for case in batch[5:-1]:  # each change bites: the step's frames that check the optimizer compile again
+    for case in batch[6:-1]:  # each change bites: the step's frames that check the optimizer compile again
         assert own_frames(case.name, on[1]["cases"][case.name]["traced"]), case
     # Fresh state where the cold process restored it: Adam's step graph compiles again.
     assert "step" in on[1]["cases"][batch[-1].name]["traced"]

@@ -3,6 +3,7 @@ facts and the proof check (stableguards.warm_start)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import functools
@@ -672,19 +673,20 @@ def test_only_a_value_no_guard_reads_that_pickle_cannot_save_becomes_torchs_sent
 def _state_init(optimizer, group: int = 0, source: str = "opt"):
     from torch._dynamo.source import LocalSource, OptimizerSource
 
-    from stableguards.warm_start.hooks.optimizer_init import StateInit, _argument, _type_name
+    from stableguards.warm_start.hooks.optimizer_init import StateInit, _argument, _type_name, _without_state
 
     groups = optimizer.param_groups
     args = (groups[group], *[[] for _ in range(6)])  # Adam's _init_group, as Dynamo maps it
     return StateInit(OptimizerSource(LocalSource(source)), _type_name(optimizer), group,
-                     tuple(_argument(a, groups) for a in args), ())
+                     tuple(_argument(a, groups) for a in args), (), _without_state(optimizer, group))
 
 
 def test_a_fresh_optimizer_is_given_the_state_the_cold_trace_made_and_only_a_fresh_one():
     """The ``_init_group`` calls a cold trace made are made again on the frame's optimizer when it
-    has no state at all and is of the cold type: its state is then Adam's first state (the same
-    as an eager step makes), and ``empty`` makes it fresh again.  An optimizer with state, of
-    another type, or missing from the frame is not touched."""
+    lacks state for the parameters that lacked it cold and is of the cold type: its state is
+    then Adam's first state (the same as an eager step makes), and ``empty`` removes it again.
+    An optimizer with other state, of another type, or missing from the frame is not touched;
+    one restored for the group the cold one had restored is given state for the other."""
     import torch
     from torch._dynamo.variables.optimizer import OptimizerVariable
 
@@ -707,7 +709,7 @@ def test_a_fresh_optimizer_is_given_the_state_the_cold_trace_made_and_only_a_fre
     saved = types.SimpleNamespace(stableguards_state_inits=(_state_init(opt, 0), _state_init(opt, 1)))
     assert saved.stableguards_state_inits[0].args[:2] == (("group", 0), ("list", None))
     filled = optimizer_init.fill_as_cold(saved, frame(opt))
-    assert filled == [opt, opt] and len(opt.state) == 2
+    assert [m.optimizer for m in filled] == [opt, opt] and len(opt.state) == 2
     eager = adam()
     for group in eager.param_groups:  # what an eager step's own calls make
         eager._init_group(group, [], [], [], [], [], [])
@@ -725,3 +727,23 @@ def test_a_fresh_optimizer_is_given_the_state_the_cold_trace_made_and_only_a_fre
     assert optimizer_init.fill_as_cold(saved, frame(stepped)) == []  # not fresh: untouched
     assert all(stepped.state[p][k] is v for p, s in before.items() for k, v in s.items())
     assert optimizer_init.fill_as_cold(types.SimpleNamespace(), frame(opt)) == [] and not opt.state  # none saved
+
+    # Restored from a checkpoint with state for the first group only (a layer added since):
+    # cold, the trace filled the second group; warm, the same group is filled, and only it.
+    partly = adam()
+    partly.step()
+    del partly.state[partly.param_groups[1]["params"][0]]
+    first = {k: v.clone() for k, v in next(iter(partly.state.values())).items()}
+    restored_once = types.SimpleNamespace(stableguards_state_inits=(_state_init(partly, 1),))
+    assert restored_once.stableguards_state_inits[0].without_state == (0,)
+    assert optimizer_init.fill_as_cold(restored_once, frame(stepped)) == []  # group 1 has state
+    filled = optimizer_init.fill_as_cold(restored_once, frame(partly))
+    assert len(partly.state) == 2 and [len(m.params) for m in filled] == [1]
+    optimizer_init.empty(filled)
+    assert len(partly.state) == 1
+    assert all(torch.equal(v, first[k]) for k, v in next(iter(partly.state.values())).items())
+
+    # A note another version saved (a field missing) is not used.
+    old = copy.copy(restored_once.stableguards_state_inits[0])
+    object.__delattr__(old, "without_state")
+    assert optimizer_init.fill_as_cold(types.SimpleNamespace(stableguards_state_inits=(old,)), frame(partly)) == []

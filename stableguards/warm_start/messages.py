@@ -11,12 +11,13 @@ def loaded(function: str) -> None:
     EVENTS.note(f"warm start: {function} installed its saved compiled entry")
 
 
-def cold_state_made(function: str, optimizers: list) -> None:
-    """A fresh optimizer was given the state the cold trace filled, and the saved entry served."""
+def cold_state_made(function: str, made: list) -> None:
+    """An optimizer was given the state the cold trace filled, and the saved entry served."""
     EVENTS.count("warm_start_optimizer_state_made")
-    names = ", ".join(sorted({type(o).__name__ for o in optimizers}))
-    EVENTS.note(f"warm start: {function}'s saved entry serves a fresh {names}: its state was made as the cold "
-                f"trace made it (_init_group), instead of tracing the step again")
+    names = ", ".join(sorted({type(m.optimizer).__name__ for m in made}))
+    params = sum(len(m.params) for m in made)
+    EVENTS.note(f"warm start: {function}'s saved entry serves: {names} had no state for {params} parameter(s), "
+                f"made as the cold trace made it (_init_group), instead of tracing the step again")
 
 
 def not_used(function: str, reason: str) -> None:

@@ -7,23 +7,27 @@ expect that state.  A restarted process with a fresh optimizer has none, so the
 saved entry of its first step fails them, and tracing the step again is what would
 fill it: every restart traced the first AdamW step.
 
-So the cold compile notes each such call that filled a param group's state (where
-the optimizer came from, the group, the arguments as Dynamo mapped them), and the
-entry is saved with them.  In a restarted process, a call that no loaded entry
-serves, on an optimizer with no state at all, makes those calls as Dynamo made
-them, then checks the entry's guards and proof as for any loaded entry.  If they
-pass, the entry serves; if not, the state is emptied again and the frame is traced
-as usual (which calls ``_init_group`` itself).
+So the cold compile notes each such call that filled state (where the optimizer
+came from, the group, which of its parameters had no state yet, the arguments as
+Dynamo mapped them), and the entry is saved with them.  In a restarted process, a
+call that no loaded entry serves, on an optimizer whose noted groups lack state for
+exactly the parameters that lacked it cold (all of them for a fresh optimizer; the
+new layer's of one restored from a checkpoint and then given more parameters),
+makes those calls as Dynamo made them, then checks the entry's guards and proof as
+for any loaded entry.  If they pass, the entry serves; if not, the state the calls
+made is removed again and the frame is traced as usual (which calls
+``_init_group`` itself).
 
 Sound as the trace it stands for: the calls are the ones the cold trace made, on
 the same group of an optimizer of the same type, at the start of the frame whose
 trace made them, with the frame's own arguments' state (the grads) as they are at
-that call; only an optimizer whose state is empty is touched, and it is emptied
-again unless the entry, checked in full afterwards, serves the call.
+that call; only parameters without state get any, and it is removed again unless
+the entry, checked in full afterwards, serves the call.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,14 +43,24 @@ _CONSTANTS = (bool, int, float, str, type(None))
 @dataclass(frozen=True)
 class StateInit:
     """One ``_init_group`` call the cold trace made that filled a param group's state: the
-    optimizer's source and type, the group's index, and each argument as Dynamo mapped it
-    (the group, a new empty list, or a constant)."""
+    optimizer's source and type, the group's index, the positions in the group of the
+    parameters that had no state before it, and each argument as Dynamo mapped it (the
+    group, a new empty list, or a constant)."""
 
     source: Any  # a Dynamo Source, resolved on the restarted frame
     optimizer_type: str  # module.qualname
     group: int
     args: tuple[tuple[str, Any], ...]
     kwargs: tuple[tuple[str, tuple[str, Any]], ...]
+    without_state: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Made:
+    """State ``fill_as_cold`` made: the optimizer, and the parameters it gave state."""
+
+    optimizer: Any
+    params: tuple[Any, ...]
 
 
 def _type_name(obj: Any) -> str:
@@ -64,9 +78,15 @@ def _argument(value: Any, groups: list) -> tuple[str, Any] | None:
     return None
 
 
+def _without_state(optimizer: Any, group: int) -> tuple[int, ...]:
+    """The positions in param group ``group`` of the parameters with no state (``in``, not
+    indexing: the state is a defaultdict)."""
+    return tuple(i for i, p in enumerate(optimizer.param_groups[group]["params"]) if p not in optimizer.state)
+
+
 def _note_init(call: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     """Dynamo maps an ``_init_group`` call's arguments before making it for real: noted for
-    the saved entry (``StateInit``) when no parameter of the group has state yet (the call
+    the saved entry (``StateInit``) when a parameter of the group has no state yet (the call
     is what makes it)."""
     py_args, py_kwargs = call(self, *args, **kwargs)
     traced = STATE.traced.get()
@@ -79,15 +99,24 @@ def _note_init(call: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     group = [value for kind, value in filter(None, mapped + [m for _, m in named]) if kind == _GROUP]
     if None in mapped or any(m is None for _, m in named) or len(group) != 1:
         return py_args, py_kwargs  # not a call we can make again: the entry simply stays as it is
-    if any(p in optimizer.state for p in groups[group[0]]["params"]):
-        return py_args, py_kwargs  # this group's state was there before the trace
-    traced.state_inits.append(StateInit(source, _type_name(optimizer), group[0], tuple(mapped), tuple(named)))
+    without_state = _without_state(optimizer, group[0])
+    if not without_state:
+        return py_args, py_kwargs  # this group's state was all there before the trace
+    traced.state_inits.append(StateInit(source, _type_name(optimizer), group[0], tuple(mapped), tuple(named),
+                                        without_state))
     return py_args, py_kwargs
+
+
+def _this_format(init: Any) -> bool:
+    """A note as this version writes them: one saved by another version of ``StateInit`` (a
+    field missing) is not used, and the frame is traced as it would be without notes."""
+    return isinstance(init, StateInit) and all(f.name in vars(init) for f in dataclasses.fields(StateInit))
 
 
 def _optimizers(inits: tuple[StateInit, ...], frame: Any) -> list[Any] | None:
     """The live optimizer of each call, on this frame; None unless every one is of the cold
-    type and has no state at all (a fresh optimizer)."""
+    type, has the group, and lacks state for exactly the group's parameters that lacked it
+    cold."""
     found = []
     value = proofs._Scope(frame.f_locals, frame.f_globals).values({init.source.name: init.source for init in inits})
     for init in inits:
@@ -96,18 +125,20 @@ def _optimizers(inits: tuple[StateInit, ...], frame: Any) -> list[Any] | None:
         except Unprovable:  # a source this frame does not have
             return None
         if _type_name(optimizer) != init.optimizer_type or not hasattr(optimizer, "_init_group") \
-                or len(optimizer.state):
+                or init.group >= len(optimizer.param_groups) \
+                or _without_state(optimizer, init.group) != init.without_state:
             return None
         found.append(optimizer)
     return found
 
 
-def fill_as_cold(guards_state: Any, frame: Any) -> list[Any]:
-    """Make the ``_init_group`` calls the cold trace of this entry made, on this frame's fresh
-    optimizers: the optimizers filled (none if the entry made no such call, or this frame's
-    optimizers are not fresh).  ``empty`` them again unless the entry serves the call."""
+def fill_as_cold(guards_state: Any, frame: Any) -> list[Made]:
+    """Make the ``_init_group`` calls the cold trace of this entry made, on this frame's
+    optimizers: the state made (none if the entry made no such call, or this frame's
+    optimizers lack other state than the cold ones did).  ``empty`` it again unless the
+    entry serves the call."""
     inits = tuple(getattr(guards_state, "stableguards_state_inits", ()))
-    if not inits:
+    if not inits or not all(_this_format(init) for init in inits):
         return []
     from torch._dynamo.variables.optimizer import OptimizerVariable
 
@@ -115,19 +146,23 @@ def fill_as_cold(guards_state: Any, frame: Any) -> list[Any]:
     optimizers = _optimizers(inits, frame) if hasattr(OptimizerVariable, "_safe_to_set_capturable") else None
     if not optimizers:
         return []
+    made: list[Made] = []
     try:
         for init, optimizer in zip(inits, optimizers):
+            group = optimizer.param_groups[init.group]["params"]
+            made.append(Made(optimizer, tuple(group[i] for i in init.without_state)))
             _init_as_dynamo_does(optimizer, init)
     except BaseException:
-        empty(optimizers)
+        empty(made)
         raise
-    return optimizers
+    return made
 
 
-def empty(optimizers: list[Any]) -> None:
-    """Fresh again, as they were before ``fill_as_cold``."""
-    for optimizer in optimizers:
-        optimizer.state.clear()
+def empty(made: list[Made]) -> None:
+    """As they were before ``fill_as_cold``: the state it made removed, the rest kept."""
+    for optimizer, params in ((m.optimizer, m.params) for m in made):
+        for p in params:
+            optimizer.state.pop(p, None)
 
 
 def _init_as_dynamo_does(optimizer: Any, init: StateInit) -> None:

@@ -6,10 +6,10 @@
 case's name and its cold and warm optimizer (tests/_optimizer_campaign.py).
 Each case trains a small model three steps compiled and a copy of it eagerly,
 each with its own optimizer (and lr scheduler) made the same way, its state
-restored from the same checkpoint where the case says so (in full, or for the first layer), and compares every
-loss and the final parameters.  Prints one JSON line: per case, whether compiled
-equalled eager, the frames Dynamo traced for it, and a digest of the eager
-results.
+restored from the same checkpoint where the case says so (in full, or for the
+first layer), and compares every loss and the final parameters.  Prints one
+JSON line: per case, whether compiled equalled eager, the frames Dynamo traced
+for it, and a digest of the eager results.
 """
 
 from __future__ import annotations

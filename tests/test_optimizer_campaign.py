@@ -7,9 +7,9 @@ class, hyperparameters, hooks and tensors' metadata) and binds the id check
 to the optimizer of the entry's first call (docs/warm_start.md).  Hypothesis
 draws training steps and their optimizers from tests/_optimizer_campaign.py
 (class, learning rate, an option, a step hook, param groups, state restored
-from a checkpoint in full or in part, another optimizer object on a later step), with at most
-one change between a cold
-and a warm process; both run flag on, and again flag off.  Checked: every
+from a checkpoint in full or in part, another optimizer object on a later
+step), with at most one change between a cold and a warm process; both run
+flag on, and again flag off.  Checked: every
 loss and parameter equals eager; a change that should show does (the eager
 results differ between the processes); an unchanged step starts warm: its own
 frames are installed, and so is the optimizer's own step graph, a fresh

@@ -160,9 +160,9 @@ def fill_as_cold(guards_state: Any, frame: Any) -> list[Made]:
 
 def empty(made: list[Made]) -> None:
     """As they were before ``fill_as_cold``: the state it made removed, the rest kept."""
-    for optimizer, params in ((m.optimizer, m.params) for m in made):
-        for p in params:
-            optimizer.state.pop(p, None)
+    for m in made:
+        for p in m.params:
+            m.optimizer.state.pop(p, None)
 
 
 def _init_as_dynamo_does(optimizer: Any, init: StateInit) -> None:

@@ -7,7 +7,9 @@ step hook, one or two param groups, an lr scheduler, whether its state is
 restored from a checkpoint (as a restarted job does) before the first step, in
 full or for the first layer only (the second one added since),
 and whether the warm process makes another optimizer object from the second
-step on.  At most one of them changes between the processes.
+step on.  At most one of them changes between the processes.  A case may also
+split its model between two optimizers made the same way, one per layer, each
+stepped in turn (a GAN's generator and discriminator): both processes do.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ class Config:
     # the second layer's state as a fresh optimizer has it (a layer added since the checkpoint).
     restored: str = "none"
     rebuilt: bool = False  # another optimizer object, made as the first was, from the second step
+    # Each Linear its own optimizer, made as above: two of one class stepped in one step, through
+    # one function (``Optimizer.step``'s wrapper), whose saved entries pass each other's guards.
+    split: bool = False
 
     def stateful(self) -> bool:
         """Whether the optimizer keeps per-parameter state (SGD only with momentum)."""
@@ -81,12 +86,13 @@ _CHOICES = {"optimizer": OPTIMIZERS, "lr": LRS, "option": OPTIONS, "hook": HOOKS
 
 @st.composite
 def configs(draw: st.DrawFn) -> Config:
-    return Config(**{name: draw(st.sampled_from(values)) for name, values in _CHOICES.items() if name != "rebuilt"})
+    return Config(**{name: draw(st.sampled_from(values)) for name, values in _CHOICES.items() if name != "rebuilt"},
+                  split=draw(st.booleans()))
 
 
 @st.composite
 def optimizer_cases(draw: st.DrawFn) -> OptimizerCase:
-    cold = draw(configs())
+    cold = draw(configs())  # split is the step's shape, not a change: both processes share it
     field = draw(st.one_of(st.none(), st.sampled_from(sorted(_CHOICES))))  # about a third unchanged
     warm = cold
     if field is not None:
@@ -96,13 +102,25 @@ def optimizer_cases(draw: st.DrawFn) -> OptimizerCase:
 
 
 def steps_module(batch: list[OptimizerCase]) -> str:
-    """One training step function per case (each its own code, its own entry)."""
+    """One training step function per case (each its own code, its own entry); a split
+    case's takes its two optimizers as a tuple."""
     return "".join(textwrap.dedent(f"""
         def step_{case.name}(model, opt, x):
             loss = model(x).pow(2).mean()
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+            return loss.detach()
+
+        """ if not case.cold.split else f"""
+        def step_{case.name}(model, opts, x):
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            first, second = opts
+            first.step()
+            second.step()
+            first.zero_grad(set_to_none=True)
+            second.zero_grad(set_to_none=True)
             return loss.detach()
 
         """) for case in batch)

@@ -44,41 +44,50 @@ _OPTIONS = {
 }
 
 
-def optimizer(model: torch.nn.Module, config: dict) -> torch.optim.Optimizer:
-    opt = _made(model, config)
+def optimizer(model: torch.nn.Module, config: dict) -> torch.optim.Optimizer | tuple[torch.optim.Optimizer, ...]:
+    """The case's optimizer; a split case's two, one per Linear."""
+    made = _made(model, config)
     if config["restored"] != "none":
-        checkpoint = _checkpoint(config)
-        if config["restored"] == "part":  # the second Linear added since: its state is a fresh optimizer's
-            fresh = opt.state_dict()["state"]
-            for index in (2, 3):
-                checkpoint["state"].pop(index, None)
-                if index in fresh:  # Adagrad makes its state when it is made
-                    checkpoint["state"][index] = fresh[index]
-        opt.load_state_dict(checkpoint)
-    return opt
+        second_layer = set(model[2].parameters())
+        for opt, checkpoint in zip(made, _checkpoint(config), strict=True):
+            if config["restored"] == "part":  # the second Linear added since: its state is a fresh optimizer's
+                fresh = opt.state_dict()["state"]
+                params = [p for group in opt.param_groups for p in group["params"]]
+                for index in (i for i, p in enumerate(params) if p in second_layer):
+                    checkpoint["state"].pop(index, None)
+                    if index in fresh:  # Adagrad makes its state when it is made
+                        checkpoint["state"][index] = fresh[index]
+            opt.load_state_dict(checkpoint)
+    return made if config["split"] else made[0]
 
 
-def _checkpoint(config: dict) -> dict:
-    """The state of an optimizer made the same way after two eager steps on a model of its
+def _checkpoint(config: dict) -> list[dict]:
+    """The state of each optimizer made the same way after two eager steps on a model of its
     own: what a restarted job loads from its checkpoint."""
     torch.manual_seed(2)
     scratch = _model()
-    opt = _made(scratch, config)
+    made = _made(scratch, config)
     for _ in range(2):
         scratch(torch.randn(4, 8)).pow(2).mean().backward()
-        opt.step()
-        opt.zero_grad()
-    return opt.state_dict()
+        for opt in made:
+            opt.step()
+            opt.zero_grad()
+    return [opt.state_dict() for opt in made]
 
 
 def _model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
 
 
-def _made(model: torch.nn.Module, config: dict) -> torch.optim.Optimizer:
-    params = list(model.parameters())
+def _made(model: torch.nn.Module, config: dict) -> tuple[torch.optim.Optimizer, ...]:
+    layers = [model[0], model[2]] if config["split"] else [model]
+    return tuple(_one(list(layer.parameters()), config) for layer in layers)
+
+
+def _one(params: list[torch.nn.Parameter], config: dict) -> torch.optim.Optimizer:
+    half = len(params) // 2
     groups = [{"params": params}] if config["groups"] == 1 else \
-        [{"params": params[:2]}, {"params": params[2:], "lr": config["lr"] / 2}]
+        [{"params": params[:half]}, {"params": params[half:], "lr": config["lr"] / 2}]
     options = _OPTIONS.get(config["option"], {})
     options = options.get(config["optimizer"], options.get("*", {}))
     opt = getattr(torch.optim, config["optimizer"])(groups, lr=config["lr"], **options)
@@ -99,7 +108,8 @@ def run_case(step, config: dict) -> dict:
     for i in range(3):
         if i == 0 or (config["rebuilt"] and i == 1):  # rebuilt: another object, made the same way
             opts = [optimizer(model, config), optimizer(twin, config)]
-            schedulers = [torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5) for opt in opts if config["scheduler"]]
+            schedulers = [torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5) for opt in _each(opts)
+                          if config["scheduler"]]
         got.append(compiled(model, opts[0], x))
         want.append(step(twin, opts[1], x))
         for scheduler in schedulers:
@@ -111,6 +121,10 @@ def run_case(step, config: dict) -> dict:
     matches = all(torch.allclose(g, w, rtol=1e-3, atol=1e-4) for g, w in zip(got, want, strict=True))
     digest = hashlib.sha256(b"".join(w.round(decimals=3).numpy().tobytes() for w in want)).hexdigest()[:16]
     return {"matches": bool(matches), "traced": [code.co_name for code in TRACED[seen:]], "eager": digest}
+
+
+def _each(opts: list) -> list[torch.optim.Optimizer]:
+    return [opt for made in opts for opt in (made if isinstance(made, tuple) else (made,))]
 
 
 def _patch_every_step() -> None:

@@ -102,16 +102,18 @@ def _check(batch: list[OptimizerCase], on: tuple[dict, dict], off: tuple[dict, d
 def test_optimizer_steps_start_warm_unless_their_optimizer_changed(tmp_path):
     """Unchanged (with and without an lr scheduler, which wraps the optimizer's step; Adam
     restored from a checkpoint; a fresh AdamW with two param groups, a fresh SGD with momentum
-    and an AdamW restored for its first layer only, whose state their first step makes), and
-    each kind of change once: another learning rate, class, step hook, another optimizer
-    object from the second step, fresh state for restored."""
+    and an AdamW restored for its first layer only, whose state their first step makes; two
+    Adams, one per layer, stepped in turn), and each kind of change once: another learning
+    rate, class, step hook, another optimizer object from the second step, fresh state for
+    restored."""
     if not _warm_start_available():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     sgd, scheduled, adam = Config(), Config(scheduler=True), Config(optimizer="Adam", restored="all")
     fresh_adamw, fresh_momentum = Config(optimizer="AdamW", groups=2), Config(option="momentum")
-    part_adamw = Config(optimizer="AdamW", restored="part")
+    part_adamw, split_adam = Config(optimizer="AdamW", restored="part"), Config(optimizer="Adam", split=True)
     pairs = [(sgd, sgd), (scheduled, scheduled), (adam, adam), (fresh_adamw, fresh_adamw),
-             (fresh_momentum, fresh_momentum), (part_adamw, part_adamw), (sgd, Config(lr=0.05)),
+             (fresh_momentum, fresh_momentum), (part_adamw, part_adamw), (split_adam, split_adam),
+             (sgd, Config(lr=0.05)),
              (sgd, Config(optimizer="Adam")), (sgd, Config(hook="pre")), (sgd, Config(rebuilt=True)),
              (adam, Config(optimizer="Adam"))]
     batch = [OptimizerCase(f"case{i}", cold, warm) for i, (cold, warm) in enumerate(pairs)]
@@ -119,9 +121,9 @@ def test_optimizer_steps_start_warm_unless_their_optimizer_changed(tmp_path):
     _check(batch, on)
     # The optimizer's step graph too (SGD's is found before any SGD is made), fresh ones
     # included: their first step is served the state the cold trace made.
-    for case in batch[:6]:
+    for case in batch[:7]:
         assert not on[1]["cases"][case.name]["traced"], case
-    for case in batch[6:-1]:  # each change bites: the step's frames that check the optimizer compile again
+    for case in batch[7:-1]:  # each change bites: the step's frames that check the optimizer compile again
         assert own_frames(case.name, on[1]["cases"][case.name]["traced"]), case
     # Fresh state where the cold process restored it: Adam's step graph compiles again.
     assert "step" in on[1]["cases"][batch[-1].name]["traced"]
@@ -164,6 +166,57 @@ def test_two_names_for_one_optimizer_are_never_served_two_optimizers(tmp_path):
     assert cold["ok"] and warm["ok"], warm["explain"]  # served the cold code, warm returned 0.5
     assert "saved entry was not used" in warm["explain"] and "(one object at L['a'], L['b'])" in warm["explain"]
 
+
+
+ONE_OPTIMIZER_AFTER_ANOTHER = """
+import gc, json, os, torch
+torch._dynamo.config.stable_guards = True
+torch._dynamo.config.recompile_limit = 3
+torch._dynamo.config.fail_on_recompile_limit_hit = True
+import stableguards
+
+model = torch.nn.Linear(4, 2)
+twin = torch.nn.Linear(4, 2)
+twin.load_state_dict(model.state_dict())
+
+def step(model, opt, x):
+    model(x).sum().backward()
+    opt.step()
+    opt.zero_grad()
+
+compiled, x, ok = torch.compile(step), torch.ones(3, 4), True
+for i in range(6):  # each optimizer made after the last one was collected; warm, the last is new
+    lr = 0.2 if i == 5 and os.environ["WARM"] == "1" else 0.1
+    opt, eager = torch.optim.SGD(model.parameters(), lr=lr), torch.optim.SGD(twin.parameters(), lr=lr)
+    compiled(model, opt, x)
+    step(twin, eager, x)
+    del opt, eager
+    gc.collect()
+ok = all(torch.allclose(p, q) for p, q in zip(model.parameters(), twin.parameters()))
+print(json.dumps({"ok": ok, "explain": stableguards.explain()}))
+"""
+
+
+def test_an_entry_served_to_an_optimizer_is_released_with_it(tmp_path):
+    """A job that makes its optimizer again and again (one at a time) compiles the step's
+    frames that check it once per optimizer; each entry is released when its optimizer is
+    collected, so the frame never reaches its recompile limit.  Entries a warm process
+    installed from its saved ones are released as well (here the limit is 3 and 6
+    optimizers come in turn, the warm process's last one new, which it compiles: Dynamo
+    raises if the dead ones' entries are still counted)."""
+    if not _warm_start_available():
+        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    runs = []
+    for warm in ("0", "1"):
+        proc = subprocess.run([sys.executable, "-c", ONE_OPTIMIZER_AFTER_ANOTHER], env={**env, "WARM": warm},
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["ok"] and warm["ok"], warm["explain"]
+    assert "installed its saved compiled entry" in warm["explain"], warm["explain"]
+    assert "was collected: released" in warm["explain"], warm["explain"]
 
 
 @pytest.mark.parametrize("batch_index", range(BATCHES))

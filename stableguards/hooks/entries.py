@@ -40,3 +40,23 @@ def release_check_functions(check_fns: Iterable[Any], why: str) -> int:
     for check_fn in live:
         check_fn.invalidate(obj_str=why)
     return len(live)
+
+
+class InstalledEntry:
+    """A cache entry installed without a CheckFunctionManager (warm start's loaded entries),
+    released as torch releases a traced one whose id-checked object died
+    (``CheckFunctionManager.invalidate``), so that ``release_check_functions`` takes both."""
+
+    def __init__(self, guard_manager: Any) -> None:
+        self.guard_manager = guard_manager
+
+    def invalidate(self, obj_str: str) -> None:
+        from torch._dynamo.guards import DeletedGuardManagerWrapper
+
+        manager = self.guard_manager
+        if isinstance(manager, DeletedGuardManagerWrapper) or None in (getattr(manager, "extra_state", None),
+                                                                         getattr(manager, "cache_entry", None)):
+            return  # not in Dynamo's cache (torch's precompiled list), or released already
+        deleted = DeletedGuardManagerWrapper(f"Cache line invalidated because {obj_str} got deallocated")
+        manager.extra_state.invalidate(manager.cache_entry, deleted)
+        self.guard_manager = deleted

@@ -107,6 +107,14 @@ def after_guards(dynamo_output: Any, check_fn: Any) -> None:
             STATE.lives.depend(optimizer, check_fn)
 
 
+def lives_with(optimizers: list[Any], token: Any) -> None:
+    """An entry installed without a trace (warm start's, bound to ``optimizers`` on its first
+    call) lives as long as they do, as ``after_guards`` makes a traced one: released when
+    one is collected, so it no longer counts towards its frame's recompile limit."""
+    for optimizer in optimizers:
+        STATE.lives.depend(optimizer, token)
+
+
 def _guard_state_dicts_by_version(output: Any, steps: list) -> None:
     """Replace identity guards on state tensors by one DICT_VERSION per state dict.
 

@@ -117,6 +117,14 @@ class Binding:
             self._ref = weakref.ref(obj)
         return self._ref() is obj
 
+    @property
+    def bound(self) -> bool:
+        return self._ref is not None
+
+    def unbind(self) -> None:
+        """Bound by a proof that then refused its call: bound by none (``proofs.verify``)."""
+        self._ref = None
+
     def passes(self, obj: Any) -> bool:
         return self._ref is None or self._ref() is obj
 
@@ -141,6 +149,13 @@ class VersionBinding(Binding):
         if self._bound is None:
             self._bound = self._version(obj)
         return self._bound == self._version(obj)
+
+    @property
+    def bound(self) -> bool:
+        return self._bound is not None
+
+    def unbind(self) -> None:
+        self._bound = None
 
     def passes(self, obj: Any) -> bool:
         return self._bound is None or (type(obj) is dict and self._bound == self._version(obj))

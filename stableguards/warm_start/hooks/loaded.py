@@ -24,16 +24,36 @@ class LoadedEntry:
     guard_manager: Any
     code: Any
     compile_id: Any
+    refusals: set[str] = dataclasses.field(default_factory=set)  # why its proof refused calls, once named
 
 
 def _refusal(guard_manager: Any, f_locals: dict) -> str | None:
     """Why a loaded entry whose guards passed on this call may not serve it: its tree, written
-    on this call, does not prove what the cold one did (``hooks.proofs.verify``)."""
+    on this call, does not prove what the cold one did (``hooks.proofs.verify``).  Where it
+    may, it lives as long as the optimizers its checks were bound to on this call."""
     loaded = getattr(guard_manager, "stableguards", None)
     if loaded is None:
         return "it was loaded without its proof"
-    return proofs.verify(loaded.proof, guard_manager, loaded.guards_state, f_locals, loaded.f_globals,
-                         loaded.unguarded)
+    made: list = []
+    why = proofs.verify(loaded.proof, guard_manager, loaded.guards_state, f_locals, loaded.f_globals,
+                        loaded.unguarded, made)
+    if why is None:
+        _lives_with([binding.get() for binding in made], guard_manager)
+    return why
+
+
+def _lives_with(bound: list[Any], guard_manager: Any) -> None:
+    """Released when an optimizer it was bound to is collected, as a traced entry is
+    (``optimizers.hooks.lives_with``): until then its checks fail for any other object, and
+    it would count towards the frame's recompile limit for good."""
+    from stableguards.hooks.entries import InstalledEntry
+    from stableguards.optimizers.hooks import lives_with
+    from stableguards.warm_start.identity import by_state
+
+    if optimizers := [obj for obj in bound if obj is not None and by_state(obj)]:
+        # The guard manager keeps its token alive; the optimizers' table holds it weakly.
+        guard_manager.stableguards_entry = InstalledEntry(guard_manager)
+        lives_with(optimizers, guard_manager.stableguards_entry)
 
 
 def _keep_loaded(call: Any, code: Any, guard_manager: Any, dynamo_code: Any) -> None:
@@ -92,33 +112,43 @@ def _serve_loaded(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -
     Sound as a compile's result is: the entry's guards are checked on this call
     (and on every later one, by Dynamo), and before it serves the first, what
     they prove here is compared with what the cold compile's proved
-    (``_refusal``): an entry that proves less is dropped, named in explain().
-    Only the compiled context that loaded it (its package) is served, so
-    another backend compiling the same code compiles its own.  Nothing is
-    traced, and no frame is counted.  An entry whose cold trace made a fresh
-    optimizer's state is tried again once this call's fresh optimizer holds
-    that state (``_serves_with_cold_state``)."""
+    (``_refusal``).  Only the compiled context that loaded it (its package) is
+    served, so another backend compiling the same code compiles its own.
+    Nothing is traced, and no frame is counted.  An entry whose cold trace made
+    a fresh optimizer's state is tried again once this call's fresh optimizer
+    holds that state (``_serves_with_cold_state``).
+
+    An entry its proof refuses stays loaded: a refusal binds nothing
+    (``proofs.verify``), so it may serve a later call, as it must where one
+    function is called for two objects of the same kind (each of a GAN's two
+    optimizers steps through ``Optimizer.step``'s wrapper, whose entries pass
+    each other's guards until their proof binds them).  It is named in
+    explain() when no entry serves the call and it is compiled."""
     rows = STATE.loaded.get(STATE.by_code(frame.f_code)) if STATE.loaded else None
     if rows:
         package = getattr(getattr(self, "_inner_convert", None), "_package", None)
+        refused: list[tuple[LoadedEntry, str]] = []
         for entry in list(rows):
             if entry.package() is not package or package is None or not entry.guard_manager.check(frame.f_locals):
                 continue
             why = _refusal(entry.guard_manager, frame.f_locals)
             if why is None:
                 return _admit(frame.f_code, entry)
-            _drop(frame.f_code, entry)
-            messages.not_used(frame_label(frame.f_code), why)
+            refused.append((entry, why))
         for entry in list(rows) if package is not None else ():
-            if entry.package() is package and _serves_with_cold_state(entry, frame):
+            if entry.package() is package and _serves_with_cold_state(entry, frame, refused):
                 return _admit(frame.f_code, entry)
+        for entry, why in refused:
+            if why not in entry.refusals:  # a frame recompiled for the same reason is named once
+                entry.refusals.add(why)
+                messages.not_used(frame_label(frame.f_code), why)
     return call(self, frame, *args, **kwargs)
 
 
-def _serves_with_cold_state(entry: LoadedEntry, frame: Any) -> bool:
+def _serves_with_cold_state(entry: LoadedEntry, frame: Any, refused: list[tuple[LoadedEntry, str]]) -> bool:
     """Whether ``entry`` serves this call once its fresh optimizers hold the state its cold
     trace filled (``optimizer_init``): made, then its guards and proof checked in full; the
-    state is emptied again if they fail."""
+    state is emptied again if they fail, and a refusal added to ``refused``."""
     loaded = getattr(entry.guard_manager, "stableguards", None)
     filled = optimizer_init.fill_as_cold(loaded.guards_state, frame) if loaded is not None else []
     if not filled:
@@ -129,8 +159,7 @@ def _serves_with_cold_state(entry: LoadedEntry, frame: Any) -> bool:
             return False
         why = _refusal(entry.guard_manager, frame.f_locals)
         if why is not None:
-            _drop(frame.f_code, entry)
-            messages.not_used(frame_label(frame.f_code), why)
+            refused.append((entry, why))
             return False
         served = True
     finally:

@@ -58,7 +58,7 @@ from stableguards.warm_start.guard_rules import (
 )
 from stableguards.warm_start.identity import Identities, by_state, graph_tensor, module_copy, module_of_globals
 from stableguards.warm_start.proof import Proof, Recheck, check
-from stableguards.warm_start.state import STATE
+from stableguards.warm_start.state import STATE, Binding
 
 _NN_MODULE = "torch.nn.modules.module"
 
@@ -183,21 +183,40 @@ def round_trip(proof: Proof, loaded: Any, guards_state: Any, output_graph: Any) 
 
 
 def verify(proof: Proof | None, loaded: Any, guards_state: Any, f_locals: dict, f_globals: dict,
-           unguarded: dict[str, Any]) -> str | None:
+           unguarded: dict[str, Any], made: list[Binding]) -> str | None:
     """Why a loaded entry may not serve this call (its guards passed on it), or None.  Once
     it may, ``unguarded`` (source -> Binding: tensors a graph takes that sit in a dict whose
-    version check is bound) is bound to the objects at those sources on this call."""
+    version check is bound) is bound to the objects at those sources on this call, and
+    ``made`` holds every check this call bound.
+
+    A refusal binds nothing: the checks bound while the proof was written (``_first_call_fact``)
+    are unbound again, so the entry's guards pass for the object the cold one stood for when it
+    comes, and its proof is checked on that call as on this one."""
     if proof is None:
         return "it has no proof of what its guards proved in the cold process"
     value = _values(_Scope(f_locals, f_globals), guards_state)
-    why = _check(proof, loaded, guards_state, value, rewrite=True)
+    why = _check(proof, loaded, guards_state, value, rewrite=True, made=made)
     if why is None and unguarded:
         try:
-            if not all(binding.bind(value(source)) for source, binding in unguarded.items()):
-                return "a tensor its graph takes is bound to another object"
+            if not all(_bind(binding, value(source), made) for source, binding in unguarded.items()):
+                why = "a tensor its graph takes is bound to another object"
         except (Unprovable, TypeError) as error:
-            return f"a tensor its graph takes cannot be bound here ({error})"
+            why = f"a tensor its graph takes cannot be bound here ({error})"
+    if why is not None:
+        for binding in made:
+            binding.unbind()
+        made.clear()
     return why
+
+
+def _bind(binding: Binding, obj: Any, made: list[Binding]) -> bool:
+    """Bind ``binding`` to ``obj`` unless bound (recorded in ``made`` if this bound it);
+    whether it now checks ``obj``."""
+    fresh = not binding.bound
+    holds = binding.bind(obj)
+    if fresh:
+        made.append(binding)
+    return holds
 
 
 def _values(frame: _Scope, guards_state: Any) -> Callable[[str], Any]:
@@ -205,11 +224,12 @@ def _values(frame: _Scope, guards_state: Any) -> Callable[[str], Any]:
     return frame.values(_sources(g.originating_source for g in guards_state.output_graph.guards))
 
 
-def _check(proof: Proof, loaded: Any, guards_state: Any, value: Callable[[str], Any], rewrite: bool) -> str | None:
+def _check(proof: Proof, loaded: Any, guards_state: Any, value: Callable[[str], Any], rewrite: bool,
+           made: list[Binding] | None = None) -> str | None:
     identities = Identities()
     state = _TracedState(guards_state.output_graph.torch_function_mode_stack)
     tree = list(leaves(loaded.root))
-    bound = _Bound(proof.graph_params, value, tree)
+    bound = _Bound(proof.graph_params, value, tree, made=made)
     warm = one_object(tuple(_warm_facts(tree, value, identities, state, bound)), value, _bound_on_first_call)
     return check(proof, warm, (lambda item: _recheck(item, value, identities)) if rewrite else (lambda item: item.fact))
 
@@ -239,7 +259,8 @@ class _Bound:
 
     def __init__(self, graph_params: Iterable[tuple[str, tuple[str, ...]]], value: Callable[[str], Any],
                  tree: list[Leaf], first_call: frozenset[str] = frozenset(),
-                 versioned: frozenset[str] = frozenset()) -> None:
+                 versioned: frozenset[str] = frozenset(), made: list[Binding] | None = None) -> None:
+        self.made: list[Binding] = [] if made is None else made  # the checks this call's proof bound
         self.sources = frozenset(source for _, sources in graph_params for source in sources)
         self.first_call = first_call
         self.versioned = versioned
@@ -337,7 +358,7 @@ def _first_call_fact(source: str, text: str, value: Callable[[str], Any], descri
     binding = STATE.bindings.get(int(token))
     obj = value(source)
     try:
-        bound_here = binding is not None and binding.bind(obj)
+        bound_here = binding is not None and _bind(binding, obj, bound.made)
     except TypeError:  # no weak reference to it, or no version
         bound_here = False
     if not bound_here:

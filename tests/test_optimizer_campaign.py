@@ -179,17 +179,18 @@ model = torch.nn.Linear(4, 2)
 twin = torch.nn.Linear(4, 2)
 twin.load_state_dict(model.state_dict())
 
-def step(model, opt, x):
-    model(x).sum().backward()
+def step(opt):
     opt.step()
     opt.zero_grad()
 
-compiled, x, ok = torch.compile(step), torch.ones(3, 4), True
+compiled, x = torch.compile(step), torch.ones(3, 4)
 for i in range(6):  # each optimizer made after the last one was collected; warm, the last is new
     lr = 0.2 if i == 5 and os.environ["WARM"] == "1" else 0.1
     opt, eager = torch.optim.SGD(model.parameters(), lr=lr), torch.optim.SGD(twin.parameters(), lr=lr)
-    compiled(model, opt, x)
-    step(twin, eager, x)
+    model(x).sum().backward()
+    twin(x).sum().backward()
+    compiled(opt)
+    step(eager)
     del opt, eager
     gc.collect()
 ok = all(torch.allclose(p, q) for p, q in zip(model.parameters(), twin.parameters()))

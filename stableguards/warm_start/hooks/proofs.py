@@ -194,19 +194,22 @@ def verify(proof: Proof | None, loaded: Any, guards_state: Any, f_locals: dict, 
     comes, and its proof is checked on that call as on this one."""
     if proof is None:
         return "it has no proof of what its guards proved in the cold process"
-    value = _values(_Scope(f_locals, f_globals), guards_state)
-    why = _check(proof, loaded, guards_state, value, rewrite=True, made=made)
-    if why is None and unguarded:
-        try:
-            if not all(_bind(binding, value(source), made) for source, binding in unguarded.items()):
-                why = "a tensor its graph takes is bound to another object"
-        except (Unprovable, TypeError) as error:
-            why = f"a tensor its graph takes cannot be bound here ({error})"
-    if why is not None:
-        for binding in made:
-            binding.unbind()
-        made.clear()
-    return why
+    why: str | None = "its proof could not be checked"  # until it is: an error binds nothing either
+    try:
+        value = _values(_Scope(f_locals, f_globals), guards_state)
+        why = _check(proof, loaded, guards_state, value, rewrite=True, made=made)
+        if why is None and unguarded:
+            try:
+                if not all(_bind(binding, value(source), made) for source, binding in unguarded.items()):
+                    why = "a tensor its graph takes is bound to another object"
+            except (Unprovable, TypeError) as error:
+                why = f"a tensor its graph takes cannot be bound here ({error})"
+        return why
+    finally:
+        if why is not None:
+            for binding in made:
+                binding.unbind()
+            made.clear()
 
 
 def _bind(binding: Binding, obj: Any, made: list[Binding]) -> bool:

@@ -129,6 +129,18 @@ def test_optimizer_steps_start_warm_unless_their_optimizer_changed(tmp_path):
     assert "step" in on[1]["cases"][batch[-1].name]["traced"]
 
 
+def _cold_then_warm_program(program: str, cache: Path) -> tuple[dict, dict]:
+    """What ``program`` prints last (JSON), cold (WARM=0) then warm (WARM=1), on one cache dir."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    runs = []
+    for warm in ("0", "1"):
+        proc = subprocess.run([sys.executable, "-c", program], env={**env, "WARM": warm}, capture_output=True,
+                              text=True)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return runs[0], runs[1]
+
+
 ONE_OPTIMIZER_TWO_NAMES = """
 import json, os, torch
 torch._dynamo.config.stable_guards = True
@@ -155,14 +167,7 @@ def test_two_names_for_one_optimizer_are_never_served_two_optimizers(tmp_path):
     id check binds its own, and both identities match) must not be served that code."""
     if not _warm_start_available():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
-    runs = []
-    for warm in ("0", "1"):
-        proc = subprocess.run([sys.executable, "-c", ONE_OPTIMIZER_TWO_NAMES], env={**env, "WARM": warm},
-                              capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    cold, warm = runs
+    cold, warm = _cold_then_warm_program(ONE_OPTIMIZER_TWO_NAMES, tmp_path)
     assert cold["ok"] and warm["ok"], warm["explain"]  # served the cold code, warm returned 0.5
     assert "saved entry was not used" in warm["explain"] and "(one object at L['a'], L['b'])" in warm["explain"]
 
@@ -207,14 +212,7 @@ def test_an_entry_served_to_an_optimizer_is_released_with_it(tmp_path):
     raises if the dead ones' entries are still counted)."""
     if not _warm_start_available():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
-    runs = []
-    for warm in ("0", "1"):
-        proc = subprocess.run([sys.executable, "-c", ONE_OPTIMIZER_AFTER_ANOTHER], env={**env, "WARM": warm},
-                              capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    cold, warm = runs
+    cold, warm = _cold_then_warm_program(ONE_OPTIMIZER_AFTER_ANOTHER, tmp_path)
     assert cold["ok"] and warm["ok"], warm["explain"]
     assert "installed its saved compiled entry" in warm["explain"], warm["explain"]
     assert "was collected: released" in warm["explain"], warm["explain"]

@@ -14,7 +14,6 @@ def release_entries(pick: Callable[[Any], bool], why: str) -> int:
     """Invalidate every live cache entry ``pick`` chooses; how many."""
     import torch._C._dynamo.eval_frame as c_eval_frame
     import torch._dynamo.convert_frame as convert_frame
-    from torch._dynamo.guards import DeletedGuardManagerWrapper
 
     released = 0
     for ref in list(convert_frame.input_codes.seen):
@@ -22,11 +21,23 @@ def release_entries(pick: Callable[[Any], bool], why: str) -> int:
         if code is None:
             continue
         for entry in c_eval_frame._debug_get_cache_entry_list(code):
-            manager = entry.guard_manager
-            if pick(entry) and getattr(manager, "extra_state", None) is not None:
-                manager.extra_state.invalidate(manager.cache_entry, DeletedGuardManagerWrapper(why))
+            if pick(entry) and _invalidate(entry.guard_manager, why) is not None:
                 released += 1
     return released
+
+
+def _invalidate(manager: Any, why: str) -> Any:
+    """Take ``manager``'s entry out of Dynamo's cache, as ``CheckFunctionManager.invalidate``
+    does: the ``DeletedGuardManagerWrapper`` that now stands for it, or None where the entry is
+    not in that cache (torch's precompiled list) or was released already."""
+    from torch._dynamo.guards import DeletedGuardManagerWrapper
+
+    if isinstance(manager, DeletedGuardManagerWrapper) or None in (getattr(manager, "extra_state", None),
+                                                                     getattr(manager, "cache_entry", None)):
+        return None
+    deleted = DeletedGuardManagerWrapper(why)
+    manager.extra_state.invalidate(manager.cache_entry, deleted)
+    return deleted
 
 
 def release_check_functions(check_fns: Iterable[Any], why: str) -> int:
@@ -51,12 +62,6 @@ class InstalledEntry:
         self.guard_manager = guard_manager
 
     def invalidate(self, obj_str: str) -> None:
-        from torch._dynamo.guards import DeletedGuardManagerWrapper
-
-        manager = self.guard_manager
-        if isinstance(manager, DeletedGuardManagerWrapper) or None in (getattr(manager, "extra_state", None),
-                                                                         getattr(manager, "cache_entry", None)):
-            return  # not in Dynamo's cache (torch's precompiled list), or released already
-        deleted = DeletedGuardManagerWrapper(f"Cache line invalidated because {obj_str} got deallocated")
-        manager.extra_state.invalidate(manager.cache_entry, deleted)
-        self.guard_manager = deleted
+        deleted = _invalidate(self.guard_manager, f"Cache line invalidated because {obj_str} got deallocated")
+        if deleted is not None:
+            self.guard_manager = deleted

@@ -9,7 +9,9 @@ shadowed, a torch function rebound, a class attribute, a closure cell or a
 mutable object a closure holds, a default, a dataclass or dict config, a global
 object holding what pickle cannot save, a helper decorated with ``torch.no_grad()``,
 an environment variable a branch reads,
-an ``assume_constant_result`` function's input, a module hook of any kind or a global one, what a checkpointing policy
+an ``assume_constant_result`` function's input, a custom ``autograd.Function``'s forward,
+backward or ``setup_context``, a function a decorator wraps or the decorator's argument or
+wrapper, a module hook of any kind or a global one, what a checkpointing policy
 saves (a policy Dynamo never traces, reached through a global function, a
 closure or a ``functools.partial``), a global the guards check and the graph does
 not hold (the frame is traced again, into the same graph), saved-tensor hooks, grad, inference or
@@ -66,7 +68,7 @@ FEATURES = ("module_global", "helper_constant", "helper_attribute", "function_re
             "method_patched", "builtin_shadowed", "torch_function_rebound", "class_attribute", "closure_cell",
             "mutable_closure", "default_arg", "dataclass_config", "dict_config", "env_branch", "constant_function",
             "module_hook", "global_module_hook", "checkpoint_policy", "break_then_view", "sum_of_terms",
-            "guard_only", "held_state", "no_grad_helper")
+            "guard_only", "held_state", "no_grad_helper", "custom_function", "decorated")
 # Ambient settings and what the changed process runs under instead.
 AMBIENTS = {
     "none": "no_grad", "no_grad": "none", "inference_mode": "none", "autocast": "none", "float64": "none",
@@ -290,6 +292,39 @@ def _feature(p: _Program, case: Case, i: int, f: Feature, changed: bool) -> None
         p.helper += [f"C{i} = {b if changed else a}",
                      f"@torch.no_grad()\ndef offset{i}(t):\n    return t.{op_a}() * C{i}"]
         p.steps.append(f"y = y + helper.offset{i}(y)")
+    elif kind == "custom_function":
+        # A custom autograd.Function in another module, as a library defines one.  Changed: its
+        # forward's constant (variant 0); its backward's (1), or with setup_context, the value
+        # setup_context keeps for the backward (2): each only where a backward runs, else the
+        # forward's op.
+        backward_only = changed and f.variant and case.train
+        fwd = b if changed and not backward_only else a
+        bwd = b if backward_only else a
+        op = op_b if changed and f.variant and not case.train else op_a
+        if f.variant == 2:
+            p.helper.append(f"class Fn{i}(torch.autograd.Function):\n    @staticmethod\n    def forward(t):\n"
+                            f"        return t.{op}() * {fwd}\n\n    @staticmethod\n"
+                            f"    def setup_context(ctx, inputs, output):\n        ctx.save_for_backward(inputs[0])\n"
+                            f"        ctx.k = {bwd}\n\n    @staticmethod\n    def backward(ctx, grad):\n"
+                            f"        t, = ctx.saved_tensors\n        return grad * t * ctx.k")
+        else:
+            p.helper.append(f"class Fn{i}(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, t):\n"
+                            f"        ctx.save_for_backward(t)\n        return t.{op}() * {fwd}\n\n"
+                            f"    @staticmethod\n    def backward(ctx, grad):\n        t, = ctx.saved_tensors\n"
+                            f"        return grad * t * {bwd}")
+        p.steps.append(f"y = helper.Fn{i}.apply(y)")
+    elif kind == "decorated":
+        # A function wrapped by a decorator from another module that closes over it and over
+        # the decorator's argument (transformers wraps its forwards so).  Changed: the
+        # argument (variant 0), the wrapped function's body (1), the wrapper's body (2).
+        wrap = "fn(t) + k" if changed and f.variant == 2 else "fn(t) * k"
+        p.helper.append(f"import functools\n\ndef scaled{i}(k):\n    def deco(fn):\n"
+                        f"        @functools.wraps(fn)\n        def wrapper(t):\n            return {wrap}\n"
+                        f"        return wrapper\n    return deco")
+        k = b if changed and f.variant == 0 else a
+        op = op_b if changed and f.variant == 1 else op_a
+        p.main.append(f"@helper.scaled{i}({k})\ndef act{i}(t):\n    return t.{op}()")
+        p.steps.append(f"y = act{i}(y)")
     elif kind == "global_module_hook":
         # Not on the module torch.compile wraps a module in (OptimizedModule): it is one more
         # module call than eager makes, so the hook would scale the compiled output once more.

@@ -186,12 +186,28 @@ COMPILED_AUTOGRAD_STEPS = [
          1),
 ]
 
+# A custom autograd.Function changed in its forward, backward or setup_context (a backward's
+# change where one runs), and a decorated function changed in the decorator's argument, the
+# function it wraps or its wrapper: every variant.
+FUNCTIONS_AND_DECORATORS = [
+    *(Case(f"fn{variant}_{train}_{changed}", module, train,
+           (Feature("custom_function", 2.0, 3.0, "sin", "cos", variant),), "none", changed)
+      for variant, module, train, changed in ((0, False, True, None), (0, True, False, 0), (1, True, True, None),
+                                              (1, False, True, 0), (1, False, False, 0), (2, False, True, None),
+                                              (2, True, True, 0))),
+    *(Case(f"deco{variant}_{changed}", module, train, (Feature("decorated", 2.0, 3.0, "sin", "cos", variant),),
+           "none", changed)
+      for variant, module, train, changed in ((0, False, False, None), (1, True, True, None), (0, True, False, 0),
+                                              (1, False, True, 0), (2, False, False, 0))),
+]
+
 
 @pytest.fixture(scope="module")
 def fixed_batches(tmp_path_factory) -> tuple[dict, dict]:
     if not _warm_start_available():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
-    batch = POLICIES_AND_EMPTY_GRAPHS + HELD_STATE + NO_GRAD_HELPERS + CALLS_UNDER_A_SETTING + COMPILED_AUTOGRAD_STEPS
+    batch = (POLICIES_AND_EMPTY_GRAPHS + HELD_STATE + NO_GRAD_HELPERS + CALLS_UNDER_A_SETTING + COMPILED_AUTOGRAD_STEPS
+             + FUNCTIONS_AND_DECORATORS)
     return _campaign(tmp_path_factory.mktemp("fixed"), batch, flag=True)
 
 
@@ -238,6 +254,14 @@ def test_training_steps_under_compiled_autograd(fixed_batches):
     (a guard that fails, no value that changes) loads the cold one's AOTAutograd entry, whose
     backward is uncompiled."""
     _starts_warm_unless_changed(COMPILED_AUTOGRAD_STEPS, *fixed_batches)
+
+
+def test_custom_autograd_functions_and_decorated_functions(fixed_batches):
+    """A custom ``autograd.Function`` from another module starts warm unchanged; its forward,
+    backward or ``setup_context`` changed is compiled again and equals eager.  So does a
+    function a decorator from another module wraps (a closure over the function and the
+    decorator's argument): changed in the argument, the wrapped body or the wrapper's."""
+    _starts_warm_unless_changed(FUNCTIONS_AND_DECORATORS, *fixed_batches)
 
 
 def _starts_warm_unless_changed(batch: list[Case], cold: dict, warm: dict) -> None:

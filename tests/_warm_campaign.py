@@ -10,7 +10,7 @@ mutable object a closure holds, a default, a dataclass or dict config, a global
 object holding what pickle cannot save, a helper decorated with ``torch.no_grad()``,
 an environment variable a branch reads,
 an ``assume_constant_result`` function's input, a custom ``autograd.Function``'s forward,
-backward or ``setup_context``, a function a decorator wraps or the decorator's argument or
+a global its backward reads or its ``setup_context``, a function a decorator wraps or the decorator's argument or
 wrapper, a module hook of any kind or a global one, what a checkpointing policy
 saves (a policy Dynamo never traces, reached through a global function, a
 closure or a ``functools.partial``), a global the guards check and the graph does
@@ -294,9 +294,9 @@ def _feature(p: _Program, case: Case, i: int, f: Feature, changed: bool) -> None
         p.steps.append(f"y = y + helper.offset{i}(y)")
     elif kind == "custom_function":
         # A custom autograd.Function in another module, as a library defines one.  Changed: its
-        # forward's constant (variant 0); its backward's (1), or with setup_context, the value
-        # setup_context keeps for the backward (2): each only where a backward runs, else the
-        # forward's op.
+        # forward's constant (variant 0); a global of its module its backward reads (1), or
+        # with setup_context, the value setup_context keeps for the backward (2): each only
+        # where a backward runs, else the forward's op.
         backward_only = changed and f.variant and case.train
         fwd = b if changed and not backward_only else a
         bwd = b if backward_only else a
@@ -308,10 +308,10 @@ def _feature(p: _Program, case: Case, i: int, f: Feature, changed: bool) -> None
                             f"        ctx.k = {bwd}\n\n    @staticmethod\n    def backward(ctx, grad):\n"
                             f"        t, = ctx.saved_tensors\n        return grad * t * ctx.k")
         else:
-            p.helper.append(f"class Fn{i}(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, t):\n"
-                            f"        ctx.save_for_backward(t)\n        return t.{op}() * {fwd}\n\n"
-                            f"    @staticmethod\n    def backward(ctx, grad):\n        t, = ctx.saved_tensors\n"
-                            f"        return grad * t * {bwd}")
+            p.helper.append(f"G{i} = {bwd}\n\nclass Fn{i}(torch.autograd.Function):\n    @staticmethod\n"
+                            f"    def forward(ctx, t):\n        ctx.save_for_backward(t)\n"
+                            f"        return t.{op}() * {fwd}\n\n    @staticmethod\n    def backward(ctx, grad):\n"
+                            f"        t, = ctx.saved_tensors\n        return grad * t * G{i}")
         p.steps.append(f"y = helper.Fn{i}.apply(y)")
     elif kind == "decorated":
         # A function wrapped by a decorator from another module that closes over it and over

@@ -186,8 +186,8 @@ COMPILED_AUTOGRAD_STEPS = [
          1),
 ]
 
-# A custom autograd.Function changed in its forward, backward or setup_context (a backward's
-# change where one runs), and a decorated function changed in the decorator's argument, the
+# A custom autograd.Function changed in its forward, a global its backward reads or its
+# setup_context (a backward's change where one runs), and a decorated function changed in the decorator's argument, the
 # function it wraps or its wrapper: every variant.
 FUNCTIONS_AND_DECORATORS = [
     *(Case(f"fn{variant}_{train}_{changed}", module, train,
@@ -258,7 +258,8 @@ def test_training_steps_under_compiled_autograd(fixed_batches):
 
 def test_custom_autograd_functions_and_decorated_functions(fixed_batches):
     """A custom ``autograd.Function`` from another module starts warm unchanged; its forward,
-    backward or ``setup_context`` changed is compiled again and equals eager.  So does a
+    a global its backward reads or its ``setup_context`` changed is compiled again and equals
+    eager.  So does a
     function a decorator from another module wraps (a closure over the function and the
     decorator's argument): changed in the argument, the wrapped body or the wrapper's."""
     _starts_warm_unless_changed(FUNCTIONS_AND_DECORATORS, *fixed_batches)

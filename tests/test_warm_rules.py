@@ -485,6 +485,20 @@ def test_an_id_becomes_the_identity_of_the_object_it_names():
              identity=identity)
 
 
+def test_an_object_with_no_identity_is_named_on_one_short_line():
+    """A transformers config's repr is indented JSON: explain() names it on one line."""
+    class Config:
+        def __repr__(self):
+            return "Config {\n" + "".join(f'  "key{i}": {i},\n' for i in range(40)) + "}"
+
+    config = Config()
+    with pytest.raises(Unprovable) as refused:
+        fact("L['self'].config", "ID_MATCH", [f"___check_obj_id(L['self'].config, {id(config)})"],
+             value=lambda: config, identity=identity)
+    message = str(refused.value)
+    assert "\n" not in message and 'Config { "key0": 0, "key1": 1,' in message and "..." in message
+
+
 def test_refused_and_ambient_kinds():
     with pytest.raises(Unprovable, match="version counter"):
         fact("G['d']", "DICT_VERSION", ["___dict_version(G['d']) == 12"])

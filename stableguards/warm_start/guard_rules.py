@@ -269,4 +269,6 @@ def _strip_comment(part: str) -> str:
 
 
 def _short(text: str) -> str:
+    """``text`` on one line (a config's repr is indented JSON), at most 120 characters."""
+    text = " ".join(text.split())
     return text if len(text) <= 120 else text[:117] + "..."

@@ -94,19 +94,41 @@ def _llama():
                                         pad_token_id=0))
 
 
+# Other families, by transformers model type: tiny configs of one shape.
+_FAMILY = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=128, max_position_embeddings=64, bos_token_id=0, eos_token_id=0,
+               pad_token_id=0, decoder_start_token_id=0)
+_FAMILY_EXTRA = {"gemma": dict(head_dim=16), "opt": dict(ffn_dim=128, word_embed_proj_dim=64),
+                 "t5": dict(d_ff=128, d_kv=16),
+                 "bart": dict(encoder_layers=2, decoder_layers=2, d_model=64, encoder_ffn_dim=128,
+                              decoder_ffn_dim=128, encoder_attention_heads=4, decoder_attention_heads=4)}
+FAMILIES = ("qwen2", "mistral", "phi3", "gemma", "falcon", "opt", "gpt_neox", "bart", "t5")
+_SEQ2SEQ = ("bart", "t5")
+
+
+def _family(model_type: str):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    config = AutoConfig.for_model(model_type, **_FAMILY, **_FAMILY_EXTRA.get(model_type, {}))
+    auto = AutoModelForSeq2SeqLM if model_type in _SEQ2SEQ else AutoModelForCausalLM
+    return lambda: auto.from_config(config)
+
+
 def _ids(n: int) -> torch.Tensor:
     return torch.randint(0, 128, (1, n), generator=torch.Generator().manual_seed(n))
 
 
-def infer(build):
-    """Inference over a growing sequence (8, 12, 16 tokens): logits."""
+def infer(build, seq2seq: bool = False):
+    """Inference over a growing sequence (8, 12, 16 tokens): logits.  An encoder-decoder model
+    (``seq2seq``) is given the same tokens as its decoder's input."""
     def workload():
         model = build().eval()
         compiled = torch.compile(model)
 
         def run(m):
             with torch.no_grad():
-                return [m(_ids(n)).logits for n in (8, 12, 16)]
+                return [m(_ids(n), **({"decoder_input_ids": _ids(n)} if seq2seq else {})).logits
+                        for n in (8, 12, 16)]
         return lambda: run(compiled), lambda: run(model)
     return workload
 
@@ -246,7 +268,8 @@ def custom_train():
 WORKLOADS = {"gpt2": infer(_gpt2), "llama": infer(_llama), "llama_generate": generate, "bert_kwargs": bert_kwargs,
              "gpt2_train": train(_gpt2),
              "llama_checkpointed_train": train(_llama, checkpointed=True, optimizer="AdamW"),
-             "gpt2_compiled_autograd": gpt2_compiled_autograd, "custom_train": custom_train}
+             "gpt2_compiled_autograd": gpt2_compiled_autograd, "custom_train": custom_train,
+             **{family: infer(_family(family), seq2seq=family in _SEQ2SEQ) for family in FAMILIES}}
 
 
 def main(name: str) -> dict:

@@ -17,6 +17,10 @@ process, then a warm one on the same new cache dir.  Columns:
     python bench/real_models.py                          # every workload
     python bench/real_models.py --workloads gpt2 custom_train
     python bench/real_models.py --new-machine            # warm on another machine, one shared store
+    python bench/real_models.py --workloads qwen2 mistral phi3 gemma falcon opt gpt_neox bart t5
+
+The last line runs inference (8, 12, 16 tokens) on other families of transformers models, each
+built from a tiny config of one shape (``FAMILIES``); not run by default.
 
 With ``--new-machine`` the warm process has an empty cache dir of its own and both name one
 shared store (``STABLEGUARDS_STORE``, a directory): flag off (torch alone: nothing is shared), on
@@ -41,6 +45,7 @@ HERE = Path(__file__).resolve().parent
 WORKLOADS = ("gpt2", "llama", "llama_generate", "bert_kwargs", "gpt2_train", "llama_checkpointed_train",
              "gpt2_compiled_autograd", "custom_train")
 # config: (flag, job id, extra environment)
+FAMILIES = ("qwen2", "mistral", "phi3", "gemma", "falcon", "opt", "gpt_neox", "bart", "t5")
 CONFIGS = {"off": ("0", None, {}), "off+job": ("0", "bench", {}), "on": ("1", None, {})}
 NEW_MACHINE_CONFIGS = {"off": ("0", None, {}), "on, no warm start": ("1", None, {"STABLEGUARDS_DISABLE": "warm_start"}),
                        "on": ("1", None, {})}
@@ -94,7 +99,7 @@ def format_table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=[*WORKLOADS, *FAMILIES])
     parser.add_argument("--new-machine", action="store_true",
                         help="warm in an empty cache dir of its own; cold and warm share one store")
     parser.add_argument("--out", type=Path, default=HERE / "out")

@@ -485,18 +485,24 @@ def test_an_id_becomes_the_identity_of_the_object_it_names():
              identity=identity)
 
 
-def test_an_object_with_no_identity_is_named_on_one_short_line():
-    """A transformers config's repr is indented JSON: explain() names it on one line."""
+def test_an_object_with_no_identity_is_named_on_one_line_with_what_made_the_check():
+    """A transformers config's repr is indented JSON: explain() names it on one line, with the
+    source line that made Dynamo check it."""
     class Config:
         def __repr__(self):
             return "Config {\n" + "".join(f'  "key{i}": {i},\n' for i in range(40)) + "}"
 
     config = Config()
+    code = f"___check_obj_id(L['self'].config, {id(config)})"
     with pytest.raises(Unprovable) as refused:
-        fact("L['self'].config", "ID_MATCH", [f"___check_obj_id(L['self'].config, {id(config)})"],
-             value=lambda: config, identity=identity)
+        fact("L['self'].config", "ID_MATCH", [code], value=lambda: config, identity=identity)
     message = str(refused.value)
     assert "\n" not in message and 'Config { "key0": 0, "key1": 1,' in message and "..." in message
+    assert "Dynamo checks it for" not in message  # no source line given
+    # torch appends the user's source line that made the check, and where it is: named too.
+    with pytest.raises(Unprovable, match=r"Dynamo checks it for `d = id\(x\) # copy.py:137 in deepcopy`$"):
+        fact("L['self'].config", "ID_MATCH", [f"{code}  # d = id(x)  # copy.py:137 in deepcopy"],
+             value=lambda: config, identity=identity)
 
 
 def test_refused_and_ambient_kinds():

@@ -137,6 +137,7 @@ def fact(source: str, kind: str, parts: Iterable[str], *, value: Callable[[], An
     ``ambient`` is the process's state for an AMBIENT kind, written as the
     guard's code writes it.  Raises Unprovable when there is no fact.
     """
+    parts = tuple(parts)
     code = code_of(parts)
     rule = rule_for(kind, code)
     if rule.check is Check.SAME:
@@ -159,8 +160,9 @@ def fact(source: str, kind: str, parts: Iterable[str], *, value: Callable[[], An
                              f"found there ({id(obj)})")
     described = identity(obj)
     if described is None:
+        line = _user_line(parts)
         raise Unprovable(f"{kind} on {source}: {_short(repr(obj))} has no identity that holds in another "
-                         f"process (see warm_start.identity)")
+                         f"process (see warm_start.identity)" + (f"; Dynamo checks it for `{line}`" if line else ""))
     if rule.check is Check.STATE_IDENTITY:
         return Fact(source, kind, f"{code} with {described}")
     return Fact(source, kind, _IDS.sub(lambda m: f"{m.group(1)}<{described}>)", code))
@@ -266,6 +268,16 @@ def _strip_comment(part: str) -> str:
         return part.strip()
     end = _CODE.match(part).end()  # type: ignore[union-attr] - it matches the empty string
     return part[:end].rstrip() if part.startswith("#", end) else part.strip()
+
+
+def _user_line(parts: Iterable[str]) -> str:
+    """The user's source line torch appends to a guard's code as a comment (what made Dynamo
+    check it, and where), on one short line; empty where there is none."""
+    for part in parts:
+        end = _CODE.match(part).end()  # type: ignore[union-attr] - it matches the empty string
+        if part.startswith("#", end):
+            return _short(part[end + 1:].strip())
+    return ""
 
 
 def _short(text: str) -> str:

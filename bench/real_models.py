@@ -44,8 +44,9 @@ from columns import aligned
 HERE = Path(__file__).resolve().parent
 WORKLOADS = ("gpt2", "llama", "llama_generate", "bert_kwargs", "gpt2_train", "llama_checkpointed_train",
              "gpt2_compiled_autograd", "custom_train")
-# config: (flag, job id, extra environment)
+# Other transformers families (bench/_real_model_child.py's), named with --workloads.
 FAMILIES = ("qwen2", "mistral", "phi3", "gemma", "falcon", "opt", "gpt_neox", "bart", "t5")
+# config: (flag, job id, extra environment)
 CONFIGS = {"off": ("0", None, {}), "off+job": ("0", "bench", {}), "on": ("1", None, {})}
 NEW_MACHINE_CONFIGS = {"off": ("0", None, {}), "on, no warm start": ("1", None, {"STABLEGUARDS_DISABLE": "warm_start"}),
                        "on": ("1", None, {})}

@@ -125,7 +125,7 @@ class Unprovable(Exception):
 
 def code_of(parts: Iterable[str]) -> str:
     """A leaf guard's code without the comments torch adds (the user's source line)."""
-    return "\n".join(_strip_comment(p) for p in parts)
+    return "\n".join(_split_comment(p)[0] for p in parts)
 
 
 def fact(source: str, kind: str, parts: Iterable[str], *, value: Callable[[], Any] | None = None,
@@ -261,23 +261,22 @@ _CODE = re.compile(r"""(?:[^'"#]+|'{3}(?:\\.|[^\\])*?'{3}|"{3}(?:\\.|[^\\])*?"{3
                    r"""|'(?!'')(?:\\.|[^'\\])*'|"(?!"")(?:\\.|[^"\\])*")*""", re.S)
 
 
-def _strip_comment(part: str) -> str:
-    """The code before a ``#`` outside string literals (torch appends the user's source line
-    as a comment), without trailing spaces."""
+def _split_comment(part: str) -> tuple[str, str]:
+    """The code before a ``#`` outside string literals, without trailing spaces, and the
+    comment after it (torch appends the user's source line and where it is), stripped: empty
+    where there is none."""
     if "#" not in part:
-        return part.strip()
+        return part.strip(), ""
     end = _CODE.match(part).end()  # type: ignore[union-attr] - it matches the empty string
-    return part[:end].rstrip() if part.startswith("#", end) else part.strip()
+    if part.startswith("#", end):
+        return part[:end].rstrip(), part[end + 1:].strip()
+    return part.strip(), ""
 
 
 def _user_line(parts: Iterable[str]) -> str:
-    """The user's source line torch appends to a guard's code as a comment (what made Dynamo
-    check it, and where), on one short line; empty where there is none."""
-    for part in parts:
-        end = _CODE.match(part).end()  # type: ignore[union-attr] - it matches the empty string
-        if part.startswith("#", end):
-            return _short(part[end + 1:].strip())
-    return ""
+    """The user's source line torch appends to a guard's code (what made Dynamo check it, and
+    where), on one short line; empty where there is none."""
+    return next((_short(comment) for comment in (_split_comment(p)[1] for p in parts) if comment), "")
 
 
 def _short(text: str) -> str:

@@ -93,6 +93,38 @@ def test_identity_tells_apart_what_a_compile_can_and_only_that():
     assert identity(weakref.ref(_Child)) == f"weakref({identity(_Child)})"  # what it refers to
 
 
+class _Level(enum.IntEnum):
+    K = 2
+
+
+def test_an_enum_member_is_its_value_and_its_class_is_its_members():
+    """Dynamo checks ``Lvl.K`` by id and folds its int: a member's identity names its value,
+    the data it mixes in and its attributes, and its class's names every member's value."""
+    before, cls_before = identity(_Level.K), identity(_Level)
+    try:
+        _Level.K._value_ = 3  # as a restarted process whose source says K = 3 has it
+        assert identity(_Level.K) != before and identity(_Level) != cls_before
+    finally:
+        _Level.K._value_ = 2
+    assert identity(_Level.K) == before
+    class Odd(int, enum.Enum):  # a value that is not the int it holds
+        A = 1
+
+        def __new__(cls, value):
+            member = int.__new__(cls, value * 10)
+            member._value_ = value
+            return member
+
+    Odd.__module__, Odd.__qualname__ = __name__, "_Odd"
+    globals()["_Odd"] = Odd
+    try:
+        assert identity(Odd.A).endswith(".A=int:1:int:10")
+        Odd.A.extra = types.SimpleNamespace()  # an attribute with no identity: none for the member
+        assert identity(Odd.A) is None
+    finally:
+        del globals()["_Odd"]
+
+
 def test_identity_has_no_answer_where_nothing_names_the_object_elsewhere():
     class Local:
         pass

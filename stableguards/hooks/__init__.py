@@ -28,6 +28,7 @@ from typing import Any
 
 from stableguards import registry
 from stableguards.events import EVENTS
+from stableguards.hooks import operators
 from stableguards.hooks.core import FLAG, Hook, HookDoesNotFit, apply, enabled, remove, remove_all
 from stableguards.hooks.state import STATE, mid_import
 
@@ -43,13 +44,16 @@ UNTESTED_ENV_VAR = "STABLEGUARDS_UNTESTED_TORCH"
 LOG_ARTIFACT = "stableguards"
 # The table of the shared seams' owners (hooks.seams): installed first, or nothing is.
 SHARED = "shared"
+# The recorders' table (hooks.operators): in place from the end of ``import torch`` on.
+RECORDING = "recording"
 
 
 def hook_tables() -> dict[str, list[Hook]]:
     """Every declared hook: the shared seams' owners, then each part's, in the registry's order."""
     from stableguards.hooks import seams
 
-    return {SHARED: seams.HOOKS, **{part: registry.module(part, "hooks").HOOKS for part in registry.PARTS}}
+    return {SHARED: seams.HOOKS, RECORDING: operators.HOOKS,
+            **{part: registry.module(part, "hooks").HOOKS for part in registry.PARTS}}
 
 
 def hook_table() -> str:
@@ -84,6 +88,7 @@ def arm() -> None:
     """
     try:
         _register_log_artifact()
+        _install_recorders()
         dynamo = sys.modules.get("torch._dynamo")
         if dynamo is not None and hasattr(dynamo, "config"):
             install()
@@ -111,6 +116,7 @@ def install() -> None:
                                     f"does nothing (set {UNTESTED_ENV_VAR}=1 to try its hooks anyway)")
         return
     tables = hook_tables()
+    _install_recorders()
     if SHARED not in STATE.installed:
         _install_part(SHARED, tables[SHARED])
         if SHARED not in STATE.installed:
@@ -120,6 +126,18 @@ def install() -> None:
             _install_part(part, hooks)
     _attach_log_artifact()
     _skip_in_dynamo()
+
+
+def _install_recorders() -> None:
+    """The recorders (``Hook.records``), as early as ``import torch`` ends: before any user code
+    can register what they record; with them, the operator namespaces torch has by then."""
+    import torch
+
+    if RECORDING in STATE.installed or ".".join(torch.__version__.split(".")[:2]) not in TESTED_TORCH \
+            and not os.environ.get(UNTESTED_ENV_VAR):
+        return
+    operators.snapshot_namespaces()
+    _install_part(RECORDING, operators.HOOKS)
 
 
 def _skip_in_dynamo() -> None:
@@ -155,6 +173,10 @@ def _install_later(part: str, hooks: list[Hook]) -> None:
 
 
 def _part_off(part: str, why: Exception) -> None:
+    if part == RECORDING:
+        log.info(f"stableguards records no custom operator kernels: {why}; graphs calling custom operators "
+                 f"are left out of warm start")
+        return
     if part == SHARED:
         EVENTS.warn_once("shared seams", f"stableguards is inactive: the seams its parts share do not fit "
                                          f"this torch ({why})")

@@ -62,6 +62,10 @@ class Hook:
     impl: Callable[..., Any]
     params: tuple[str, ...] = ()
     lazy: bool = False
+    # A recorder: it keeps what torch did and changes nothing, so it runs whatever the flag,
+    # from the end of ``import torch`` on (torch keeps a custom operator's kernels where only
+    # a registration seen happening can tell them).
+    records: bool = False
 
     @property
     def name(self) -> str:
@@ -116,7 +120,7 @@ class _Original:
 def _wrap(hook: Hook, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def hooked(*args: Any, **kwargs: Any) -> Any:
-        if not enabled(hook.part):
+        if not hook.records and not enabled(hook.part):
             return original(*args, **kwargs)
         call = _Original(original)
         try:

@@ -2,7 +2,8 @@
 
 A miss is explained by diffing inductor's key components against the closest
 key recorded before (``stableguards.keys.ledger``); a recompile by the guards
-torch reports as failed.
+torch reports as failed.  Both keys carry what the custom operators a graph
+calls compute, not only their names.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import os
 from typing import Any
 
 from stableguards.codes import frame_label
-from stableguards.hooks.core import Hook, cache_subdir
+from stableguards.hooks.core import Hook, TorchError, cache_subdir
+from stableguards.hooks.operators import Opaque, custom_operators, kernels
 from stableguards.keys import messages
 from stableguards.keys.ledger import KeyLedger, KeyRecord, SharedKeyLedger, differences, nearest
 from stableguards.store import STORE_ENV, Unavailable, open_store
@@ -49,6 +51,25 @@ def _explain(record: KeyRecord, ledger: KeyLedger | SharedKeyLedger, missed: boo
     ledger.record(record)
 
 
+def _with_operator_kernels(call: Any, self: Any, gm: Any, *args: Any, **kwargs: Any) -> None:
+    """An FX-graph or AOTAutograd cache key (AOTAutograd's details are FX-graph details too)
+    also carries what the custom operators its graph calls compute (``hooks.operators``):
+    torch's key names an operator, and a library upgraded between two processes keeps the
+    name while the graph holds its new decomposition, fake kernel or backward.  A graph
+    calling one whose kernels cannot all be described bypasses the cache, named."""
+    call(self, gm, *args, **kwargs)
+    found = custom_operators(gm) if gm is not None else []
+    if not found:
+        return  # torch's key, unchanged
+    try:
+        self.stableguards_operators = tuple(kernels(op) for op in found)
+    except Opaque as why:
+        from torch._inductor.codecache import BypassFxGraphCache
+
+        messages.operator_bypass(str(why))
+        raise TorchError(BypassFxGraphCache(f"stableguards: {why}")) from None
+
+
 def _recompilation_reasons(call: Any, cache_entry: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
     """Why a frame recompiled: the guards that failed, in the event log."""
     reasons = call(cache_entry, frame, *args, **kwargs)
@@ -61,6 +82,8 @@ HOOKS = [
     # FxGraphCache.prepare_key calls compiled_fx_graph_hash by its module-global name.
     Hook("torch._inductor.codecache", "compiled_fx_graph_hash", "keys", _compiled_fx_graph_hash,
          lazy=True),
+    Hook("torch._inductor.codecache", "FxGraphHashDetails.__init__", "keys", _with_operator_kernels,
+         params=("gm",), lazy=True),
     # convert_frame imported it by name: its copy is the one called.
     Hook("torch._dynamo.convert_frame", "get_and_maybe_log_recompilation_reasons", "keys",
          _recompilation_reasons, params=("frame",)),

@@ -19,3 +19,9 @@ def fx_cache_miss(key: str, nearest: str | None, differences: list[str]) -> None
     shown = "; ".join(differences[:6]) + (f"; and {len(differences) - 6} more" if len(differences) > 6 else "")
     EVENTS.note(f"FX-graph cache miss for key {key[:12]}: the closest recorded key {nearest[:12]} differs in "
                 f"{len(differences)} component(s): {shown}")
+
+
+def operator_bypass(why: str) -> None:
+    """A graph that calls a custom operator whose kernels cannot all be described: no cache."""
+    EVENTS.count("operator_cache_bypasses")
+    EVENTS.note(f"FX-graph and AOTAutograd caches bypassed: {why}")

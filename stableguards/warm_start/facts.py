@@ -38,6 +38,11 @@ Kinds (a fact's ``kind``):
   each tensor is bound on its own in another process
   (``warm_start.hooks.graph_params``).
 
+* ``OPERATOR_KERNELS``: a custom operator the traced code calls, by what its
+  kernels compute (``stableguards.operators``): the graph holds its
+  decomposition, and what its fake kernel and backward said, while Dynamo
+  guards nothing about it and names it by its name alone.
+
 Plain Python: hooks are read by attribute name, objects described by
 ``warm_start.identity``.
 """
@@ -60,8 +65,9 @@ CONSTANT_RESULT = "CONSTANT_RESULT"
 ENVIRONMENT = "ENVIRONMENT"
 UNTRACED_READS = "UNTRACED_READS"
 GRAPH_TENSORS = "GRAPH_TENSORS"
+OPERATOR_KERNELS = "OPERATOR_KERNELS"
 KINDS = (MODULE_HOOKS, GLOBAL_MODULE_HOOKS, UNSHADOWED_BUILTINS, CONSTANT_RESULT, ENVIRONMENT, UNTRACED_READS,
-         GRAPH_TENSORS)
+         GRAPH_TENSORS, OPERATOR_KERNELS)
 
 # (hooks dict, the dicts of per-hook flags keyed like it): an nn.Module's, then the globals'.
 _MODULE_HOOKS = (("_forward_pre_hooks", ("_forward_pre_hooks_with_kwargs",)),
@@ -183,3 +189,8 @@ def graph_tensors(graph: str, tensors: Iterable[tuple[str, Any]], describe: Call
         parts.append(f"{source}: {described}" + (f", is {same}" if same != source else "")
                      + (f", shares the storage of {shared}" if shared != source else ""))
     return Fact(graph, GRAPH_TENSORS, "; ".join(parts))
+
+
+def operator_kernels(name: str, description: str) -> Fact:
+    """What custom operator ``name`` computes (its description: ``stableguards.operators``)."""
+    return Fact(name, OPERATOR_KERNELS, f"kernels {digest_text(description)[:32]}")

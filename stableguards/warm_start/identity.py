@@ -31,7 +31,9 @@ leaves the entry out rather than trust a name.
   module is not importable: its methods name it (its ``forward`` runs in the
   globals ``warm_start.fx_home`` names by their content); ``NoneType`` and the
   other singleton types, by name;
-* a bound method, ``functools.partial``, an enum member: their parts; a weak
+* an enum member: its class (with every member's name and value), its name, its
+  value, the builtin data it mixes in and its attributes;
+* a bound method, ``functools.partial``: their parts; a weak
   reference by what it refers to (code that holds one uses that object while
   it lives: an lr scheduler's wrapper of ``optimizer.step``);
 * an optimizer (``torch.optim.Optimizer``): its class and its state (param
@@ -222,8 +224,7 @@ class Identities:
             parts = self._all((obj.func, obj.args, obj.keywords))
             return None if parts is None else f"partial({', '.join(parts)})"
         if isinstance(obj, enum.Enum):
-            owner = self.describe(kind)
-            return None if owner is None else f"enum:{owner}.{obj.name}"
+            return self._enum_member(obj)
         if by_state(obj):
             return self._optimizer(obj)
         if self._tensors and _is_a(kind, _TENSOR):
@@ -296,6 +297,19 @@ class Identities:
         described = inner.describe(held)
         return None if described is None else f"optimizer:{owner}#{_digest(described)}"
 
+    def _enum_member(self, member: enum.Enum) -> str | None:
+        """An enum member: its class, its name and everything a compile can fold from it: its
+        value (``x * Lvl.K`` folds an ``IntEnum``'s int, which Dynamo checks by id alone), the
+        data of a builtin type it mixes in where that is not its value (a custom ``__new__``),
+        and the attributes an ``__init__`` gave it."""
+        owner = self.describe(type(member))
+        if owner is None:
+            return None
+        data = tuple(convert(member) for base, convert in _ENUM_MIXINS.items() if isinstance(member, base))
+        attributes = {name: value for name, value in vars(member).items() if name not in _ENUM_BOOKKEEPING}
+        parts = self._all((member._value_, *data, *((attributes,) if attributes else ())))
+        return None if parts is None else f"enum:{owner}.{member._name_}={':'.join(parts)}"
+
     def _class(self, cls: type) -> str | None:
         if cls in _SINGLETON_TYPES:
             return f"class:{cls.__name__}"
@@ -316,6 +330,13 @@ class Identities:
                     if described is None:
                         return None
                     methods.append(f"{owner}.{name}={described}")
+        if isinstance(cls, enum.EnumMeta):
+            # Its members and their values: a member's identity names its class, and code that
+            # iterates the class or looks a member up by value folds what the class holds.
+            members = self._all((name, member._value_) for name, member in cls._member_map_.items())
+            if members is None:
+                return None
+            methods.append(f"members={members}")
         mro = ",".join(qualified(k) for k in cls.__mro__)
         return f"class:{qualified(cls)}#{_digest(f'{mro}:{methods}')}"
 
@@ -330,6 +351,12 @@ class Identities:
         return self.describe(value)
 
 
+# Builtin types an enum mixes in (IntEnum, StrEnum, IntFlag), and the data of a member as that
+# type, read past any method of the enum's that would say otherwise.
+_ENUM_MIXINS = {int: int.__int__, float: float.__float__, complex: complex.__complex__, str: str.__str__,
+                bytes: bytes.__bytes__}
+# What the enum machinery keeps on each member; its value and name are described on their own.
+_ENUM_BOOKKEEPING = frozenset({"_value_", "_name_", "__objclass__", "_sort_order_"})
 _METHOD_LIKE = (types.FunctionType, staticmethod, classmethod, property, functools.partialmethod)
 # Classes whose instances, used as decorators, are what their class's code does with their state.
 _CONTEXT_DECORATORS = frozenset({"torch.utils._contextlib._DecoratorContextManager",

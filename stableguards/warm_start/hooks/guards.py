@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from stableguards.codes import code_at, code_path
+from stableguards.hooks import operators
 from stableguards.hooks.core import Hook, TorchError
 from stableguards.warm_start.guard_rules import FIRST_CALL, FIRST_CALLS_OBJECT, FIRST_CALLS_VERSION, Unprovable
 from stableguards.warm_start import fx_home
@@ -324,6 +325,8 @@ def _record_folded(call: Any, self: Any, tx: Any, args: Any, kwargs: Any) -> Any
     are not plain values (a ``ProcessGroup`` object) leaves the entry out."""
     traced = STATE.traced.get()
     result = call(self, tx, args, kwargs)
+    if traced is not None and operators.is_custom(self.value):
+        traced.operators[str(self.value)] = self.value  # what it computes is a fact (proofs)
     if traced is not None and folds_process_state(self.value):
         traced.constants.append(proofs.ConstantCall(self.value, tuple(map(_plain, args)),
                                                     {k: _plain(v) for k, v in kwargs.items()}, _plain(result)))

@@ -27,6 +27,7 @@ from typing import Any
 
 from stableguards.autograd_cache.reads import reads_identity
 from stableguards.codes import resolve
+from stableguards.hooks import operators
 from stableguards.hooks.guard_tree import Leaf, leaves
 from stableguards.warm_start.facts import (
     CONSTANT_RESULT,
@@ -34,6 +35,7 @@ from stableguards.warm_start.facts import (
     GLOBAL_MODULE_HOOKS,
     GRAPH_TENSORS,
     MODULE_HOOKS,
+    OPERATOR_KERNELS,
     UNSHADOWED_BUILTINS,
     UNTRACED_READS,
     builtins_read,
@@ -42,6 +44,7 @@ from stableguards.warm_start.facts import (
     global_module_hooks,
     graph_tensors,
     module_hooks,
+    operator_kernels,
     unshadowed_builtins,
     untraced_reads,
 )
@@ -93,6 +96,7 @@ class Traced:
     graph_params: dict[str, tuple[Any, ...] | None] = field(default_factory=dict)
     graph_tensors: set[int] = field(default_factory=set)  # ids of those tensors
     state_inits: list[Any] = field(default_factory=list)  # optimizer_init.StateInit: state the trace filled
+    operators: dict[str, Any] = field(default_factory=dict)  # custom operators the trace called, by name
 
     def inline(self, code: Any, scope: dict, arguments: dict[str, Any]) -> None:
         """A function inlined, with its globals and its arguments (VariableTrackers)."""
@@ -145,7 +149,38 @@ def live_proof(guard_manager: Any, builder: Any, sorted_guards: list, output_gra
     for label, fn in traced.untraced:
         rechecks.append(Recheck(_untraced_fact(fn, label, traced.untraced_sources, value), label))
     rechecks += [Recheck(_graph_tensors_fact(backend, sources, value), sources) for backend, sources in graph_params]
+    called = {**traced.operators, **{str(op): op for op in operators.custom_operators(output_graph.graph)}}
+    rechecks += [Recheck(_operator_fact(op), _operator_path(op)) for _, op in sorted(called.items())]
     return Proof(facts, tuple(dict.fromkeys(rechecks)), graph_params)
+
+
+def _operator_fact(op: Any) -> Fact:
+    """What a custom operator the trace called computes; Unprovable where it cannot be told."""
+    try:
+        return operator_kernels(str(op), operators.kernels(op))
+    except operators.Opaque as why:
+        raise Unprovable(str(why)) from None
+
+
+def _operator_path(op: Any) -> tuple[str, str, str | None]:
+    """Where the warm process finds the operator: its namespace, name and overload (None for
+    all of them: an ``OpOverloadPacket``)."""
+    import torch
+
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        return op._qualified_op_name.partition("::")[0], op._qualified_op_name.partition("::")[2], None
+    return op.namespace, op._schema.name.partition("::")[2], op._overloadname
+
+
+def _operator_at(path: tuple[str, str, str | None]) -> Any:
+    import torch
+
+    namespace, name, overload = path
+    try:
+        packet = getattr(getattr(torch.ops, namespace), name)
+        return packet if overload is None else getattr(packet, overload)
+    except (AttributeError, RuntimeError) as error:
+        raise Unprovable(f"operator {namespace}::{name} is not defined here ({error!r:.100})") from None
 
 
 def _untraced_fact(fn: Any, label: str, sources: list[Any], value: Callable[[str], Any]) -> Fact:
@@ -493,6 +528,8 @@ def _recheck(item: Recheck, value: Callable[[str], Any], identities: Identities)
         return untraced_reads(value(source), source, reads_identity)
     if kind == GRAPH_TENSORS:
         return _graph_tensors_fact(source, tuple(item.payload), value)
+    if kind == OPERATOR_KERNELS:
+        return _operator_fact(_operator_at(item.payload))
     if kind == CONSTANT_RESULT:
         module_name, qualname, args, kwargs = item.payload
         kwargs = dict(kwargs)

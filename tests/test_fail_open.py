@@ -24,7 +24,7 @@ import torch._dynamo
 
 import stableguards  # noqa: F401 - registers the flag and installs the hooks
 from stableguards.events import EVENTS
-from stableguards.hooks import SHARED, STATE, hook_tables, seams
+from stableguards.hooks import RECORDING, SHARED, STATE, hook_tables, seams
 from stableguards.hooks.core import installed_hooks
 from stableguards.warm_start.state import STATE as WARM
 
@@ -250,8 +250,22 @@ def store_calls() -> None:
             x.grad = None
 
 
+_LIBRARIES = []
+
+
+def custom_operator_registration() -> None:
+    """A custom operator defined and given a kernel (a namespace of its own each time)."""
+    lib = torch.library.Library(f"sg_fail_open_{len(_LIBRARIES)}", "DEF")
+    _LIBRARIES.append(lib)
+    lib.define("twice(Tensor x) -> Tensor")
+    lib.impl("twice", lambda t: t * 2, "CompositeImplicitAutograd")
+    assert getattr(torch.ops, lib.ns).twice(torch.ones(2)).tolist() == [2.0, 2.0]
+
+
 def workload_for(hook) -> None:
-    if hook.part == "store":
+    if hook.target == "Library.impl":
+        custom_operator_registration()
+    elif hook.part == "store":
         store_calls()
     elif hook.part == "autograd_cache" or hook.target == "CheckpointHigherOrderVariable._call_function":
         autograd_cache_calls()
@@ -327,8 +341,10 @@ def test_every_hook_point_is_declared_in_a_table():
     installed = installed_hooks()
     assert installed and all(h in ALL_HOOKS for h in installed)
     tables = hook_tables()
-    assert all(h.part == part for part, hooks in tables.items() if part != SHARED for h in hooks)
-    assert all(h.part is None for h in tables[SHARED])
+    assert all(h.part == part for part, hooks in tables.items() if part not in (SHARED, RECORDING) for h in hooks)
+    assert all(h.part is None for h in tables[SHARED] + tables[RECORDING])
+    assert all(h.records for h in tables[RECORDING]) and not any(h.records for h in ALL_HOOKS
+                                                                  if h not in tables[RECORDING])
     # A seam has one hook: the shared ones' owner, or one part's.
     assert all(len(seam.hooks) == 1 for seam in STATE.seams.values())
 

@@ -42,6 +42,13 @@ Kinds (a fact's ``kind``):
   kernels compute (``stableguards.operators``): the graph holds its
   decomposition, and what its fake kernel and backward said, while Dynamo
   guards nothing about it and names it by its name alone.
+* ``HASH_SEED``: the process's str and bytes hash seed, where the trace folded
+  a value that depends on it (``hash()`` of a string, the order a set or
+  frozenset of strings iterates in, a set's repr): Python draws a new seed in
+  every process unless ``PYTHONHASHSEED`` fixes it, and Dynamo guards none of
+  these.  A value that depends on an address instead (``hash()`` of an object
+  or, before Python 3.12, of None; a default repr; an id) or on a random
+  generator's state has no fact: the entry is left out (``per_process``).
 
 Plain Python: hooks are read by attribute name, objects described by
 ``warm_start.identity``.
@@ -66,8 +73,9 @@ ENVIRONMENT = "ENVIRONMENT"
 UNTRACED_READS = "UNTRACED_READS"
 GRAPH_TENSORS = "GRAPH_TENSORS"
 OPERATOR_KERNELS = "OPERATOR_KERNELS"
+HASH_SEED = "HASH_SEED"
 KINDS = (MODULE_HOOKS, GLOBAL_MODULE_HOOKS, UNSHADOWED_BUILTINS, CONSTANT_RESULT, ENVIRONMENT, UNTRACED_READS,
-         GRAPH_TENSORS, OPERATOR_KERNELS)
+         GRAPH_TENSORS, OPERATOR_KERNELS, HASH_SEED)
 
 # (hooks dict, the dicts of per-hook flags keyed like it): an nn.Module's, then the globals'.
 _MODULE_HOOKS = (("_forward_pre_hooks", ("_forward_pre_hooks_with_kwargs",)),
@@ -194,3 +202,36 @@ def graph_tensors(graph: str, tensors: Iterable[tuple[str, Any]], describe: Call
 def operator_kernels(name: str, description: str) -> Fact:
     """What custom operator ``name`` computes (its description: ``stableguards.operators``)."""
     return Fact(name, OPERATOR_KERNELS, f"kernels {digest_text(description)[:32]}")
+
+
+# Hashed in each process to tell its seed: equal hashes of both mean one SipHash key (up to a
+# collision of two 64-bit hashes), and so equal hashes of every str and bytes.
+_SEED_PROBES = ("stableguards: the hash seed", b"stableguards: the hash seed")
+SEED = "seed"  # a value that depends on the str/bytes hash seed: a fact
+ADDRESS = "address"  # a value that depends on where objects are, or on a generator's state: no fact
+
+
+def hash_seed() -> Fact:
+    """The process's str and bytes hash seed, as hashes of two fixed probes."""
+    return Fact("str and bytes hashes", HASH_SEED, f"hash(probes) == {[hash(p) for p in _SEED_PROBES]}")
+
+
+def per_process(value: Any) -> str | None:
+    """What ``hash(value)``, or the order ``value`` (a set) iterates in, depends on besides the
+    program: None (nothing: numbers, and tuples and frozensets of them), ``SEED`` (str,
+    bytes, enum members: their names' hashes) or ``ADDRESS`` (anything else: an object's
+    default hash is its address, and so is None's before Python 3.12).  Deny by default."""
+    import enum
+    import sys
+
+    kind = type(value)
+    if kind in (bool, int, float, complex) or isinstance(value, int) and kind.__hash__ is int.__hash__:
+        return None  # an IntEnum member hashes as its int
+    if kind in (str, bytes) or isinstance(value, enum.Enum) and kind.__hash__ is enum.Enum.__hash__:
+        return SEED
+    if value is None and sys.version_info >= (3, 12):
+        return None  # a constant hash from 3.12 on
+    if kind in (tuple, frozenset, set):
+        found = {per_process(item) for item in value}
+        return ADDRESS if ADDRESS in found else SEED if SEED in found else None
+    return ADDRESS

@@ -56,7 +56,7 @@ from stableguards.store import messages as store_messages
 from stableguards.store.hooks import cpu_isa
 from stableguards.store.content import lease_seconds
 from stableguards.warm_start import fx_home, messages, variants
-from stableguards.warm_start.hooks import bundling, graph_params, guards, loaded, optimizer_init, proofs
+from stableguards.warm_start.hooks import bundling, folds, graph_params, guards, loaded, optimizer_init, proofs
 from stableguards.warm_start.identity import module_of_globals
 from stableguards.warm_start.index import changed_components, write_index
 from stableguards.warm_start.key import entry_key
@@ -672,4 +672,4 @@ HOOKS = [
     Hook("torch._dynamo.precompile_context", "PrecompileContext.record_artifact", "warm_start", _record_artifact,
          params=("artifact",)),
 ]
-HOOKS += loaded.HOOKS + bundling.HOOKS + guards.HOOKS + optimizer_init.HOOKS
+HOOKS += loaded.HOOKS + bundling.HOOKS + guards.HOOKS + folds.HOOKS + optimizer_init.HOOKS

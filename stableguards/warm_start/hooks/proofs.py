@@ -30,12 +30,15 @@ from stableguards.codes import resolve
 from stableguards.hooks import operators
 from stableguards.hooks.guard_tree import Leaf, leaves
 from stableguards.warm_start.facts import (
+    ADDRESS,
     CONSTANT_RESULT,
     ENVIRONMENT,
     GLOBAL_MODULE_HOOKS,
     GRAPH_TENSORS,
+    HASH_SEED,
     MODULE_HOOKS,
     OPERATOR_KERNELS,
+    SEED,
     UNSHADOWED_BUILTINS,
     UNTRACED_READS,
     builtins_read,
@@ -43,6 +46,7 @@ from stableguards.warm_start.facts import (
     environment,
     global_module_hooks,
     graph_tensors,
+    hash_seed,
     module_hooks,
     operator_kernels,
     unshadowed_builtins,
@@ -97,6 +101,9 @@ class Traced:
     graph_tensors: set[int] = field(default_factory=set)  # ids of those tensors
     state_inits: list[Any] = field(default_factory=list)  # optimizer_init.StateInit: state the trace filled
     operators: dict[str, Any] = field(default_factory=dict)  # custom operators the trace called, by name
+    # What values the trace folded depend on (facts.SEED, facts.ADDRESS) -> the first such value.
+    per_process: dict[str, str] = field(default_factory=dict)
+    hash_ordered: dict[str, str] = field(default_factory=dict)  # set constants in hash order, likewise
 
     def inline(self, code: Any, scope: dict, arguments: dict[str, Any]) -> None:
         """A function inlined, with its globals and its arguments (VariableTrackers)."""
@@ -149,6 +156,10 @@ def live_proof(guard_manager: Any, builder: Any, sorted_guards: list, output_gra
     for label, fn in traced.untraced:
         rechecks.append(Recheck(_untraced_fact(fn, label, traced.untraced_sources, value), label))
     rechecks += [Recheck(_graph_tensors_fact(backend, sources, value), sources) for backend, sources in graph_params]
+    if ADDRESS in traced.per_process:
+        raise Unprovable(f"the trace folded {traced.per_process[ADDRESS]}, which differs in every process")
+    if SEED in traced.per_process:
+        rechecks.append(Recheck(hash_seed()))
     called = {**traced.operators, **{str(op): op for op in operators.custom_operators(output_graph.graph)}}
     rechecks += [Recheck(_operator_fact(op), _operator_path(op)) for _, op in sorted(called.items())]
     return Proof(facts, tuple(dict.fromkeys(rechecks)), graph_params)
@@ -528,6 +539,8 @@ def _recheck(item: Recheck, value: Callable[[str], Any], identities: Identities)
         return untraced_reads(value(source), source, reads_identity)
     if kind == GRAPH_TENSORS:
         return _graph_tensors_fact(source, tuple(item.payload), value)
+    if kind == HASH_SEED:
+        return hash_seed()
     if kind == OPERATOR_KERNELS:
         return _operator_fact(_operator_at(item.payload))
     if kind == CONSTANT_RESULT:

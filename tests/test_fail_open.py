@@ -25,6 +25,7 @@ import torch._dynamo
 import stableguards  # noqa: F401 - registers the flag and installs the hooks
 from stableguards.events import EVENTS
 from stableguards.hooks import RECORDING, SHARED, STATE, hook_tables, seams
+from stableguards.warm_start.hooks import folds
 from stableguards.hooks.core import installed_hooks
 from stableguards.warm_start.state import STATE as WARM
 
@@ -127,6 +128,41 @@ def warm_start_calls() -> None:
         torch.testing.assert_close(torch.compile(lambda t: t * _Getter().scale)(x), x * torch.ones(8).cos() * 2)
         torch._dynamo.reset()
         WARM.forget_process()
+
+
+class _Held:
+    """An object whose default repr and hash name its address."""
+
+
+_HELD = _Held()
+
+
+def warm_start_folds() -> None:
+    """Compiles for saved entries that fold values which differ between processes: a string's
+    hash and a set constant iterated (the hash seed), a set's repr, an object's default repr
+    and hash, an id's repr, a random generator's state (each leaves its entry out, or is a
+    fact of it)."""
+
+    def folded(t):
+        for word in {"alpha", "beta", "gamma"}:
+            t = t * 2 + len(word)
+        first, _ = {1, 2}  # unpacked
+        return t + first + hash("abc") % 7 + len(repr({"x", "y"})) + len(repr(frozenset(("x", "y"))))
+
+    def addressed(t):
+        return t + len(repr(_HELD)) + len(str(hash(_HELD)))
+
+    def shuffled(t):
+        order = [1.0, 2.0, 3.0]
+        random.shuffle(order)
+        return t + order[0] + len(str(id([])))
+
+    x = torch.randn(4)
+    torch.testing.assert_close(torch.compile(folded)(x), folded(x))
+    torch.testing.assert_close(torch.compile(addressed)(x), addressed(x))
+    # Dynamo replays the generator's state, and folds the id of an object of its own: not eager's.
+    assert torch.compile(shuffled)(x).shape == x.shape
+    torch._dynamo.reset()
 
 
 def warm_start_training() -> None:
@@ -276,6 +312,8 @@ def workload_for(hook) -> None:
         warm_start_compiled_autograd()
     elif hook.target == "OptimizerVariable.get_python_args":
         warm_start_optimizer_step()
+    elif hook in folds.HOOKS:
+        warm_start_folds()
     elif hook.target == "invoke_and_store_as_constant":
         warm_start_constants()
     elif hook.part == "warm_start":

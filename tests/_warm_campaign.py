@@ -11,7 +11,8 @@ object holding what pickle cannot save, a helper decorated with ``torch.no_grad(
 an environment variable a branch reads,
 an ``assume_constant_result`` function's input, a custom ``autograd.Function``'s forward,
 a global its backward reads or its ``setup_context``, a function a decorator wraps or the decorator's argument or
-wrapper, a module hook of any kind or a global one, what a checkpointing policy
+wrapper, an enum member's value, a custom operator's kernel or backward, a string's hash or a set's
+iteration order (both per process: the hash seed), a module hook of any kind or a global one, what a checkpointing policy
 saves (a policy Dynamo never traces, reached through a global function, a
 closure or a ``functools.partial``), a global the guards check and the graph does
 not hold (the frame is traced again, into the same graph), saved-tensor hooks, grad, inference or
@@ -68,7 +69,12 @@ FEATURES = ("module_global", "helper_constant", "helper_attribute", "function_re
             "method_patched", "builtin_shadowed", "torch_function_rebound", "class_attribute", "closure_cell",
             "mutable_closure", "default_arg", "dataclass_config", "dict_config", "env_branch", "constant_function",
             "module_hook", "global_module_hook", "checkpoint_policy", "break_then_view", "sum_of_terms",
-            "guard_only", "held_state", "no_grad_helper", "custom_function", "decorated")
+            "guard_only", "held_state", "no_grad_helper", "custom_function", "decorated", "enum_member",
+            "custom_op", "str_hash", "set_order")
+# Features whose values differ between two processes of one program (the hash seed): an
+# unchanged case is compiled again where the processes' seeds differ, and starts warm where
+# PYTHONHASHSEED fixes one.
+PER_PROCESS = {"str_hash", "set_order"}
 # Ambient settings and what the changed process runs under instead.
 AMBIENTS = {
     "none": "no_grad", "no_grad": "none", "inference_mode": "none", "autocast": "none", "float64": "none",
@@ -325,6 +331,59 @@ def _feature(p: _Program, case: Case, i: int, f: Feature, changed: bool) -> None
         op = op_b if changed and f.variant == 1 else op_a
         p.main.append(f"@helper.scaled{i}({k})\ndef act{i}(t):\n    return t.{op}()")
         p.steps.append(f"y = act{i}(y)")
+    elif kind == "enum_member":
+        # An enum member from another module: an IntEnum's, which Dynamo checks by id and folds
+        # as its int (variant 0), a plain Enum's value (1), or an attribute its __init__ set (2).
+        # Changed: that value.
+        k = b if changed else a
+        if f.variant == 0:
+            p.helper.append(f"import enum\n\nclass Lvl{i}(enum.IntEnum):\n    K = {int(k * 2)}")
+            p.steps.append(f"y = y * helper.Lvl{i}.K")
+        elif f.variant == 1:
+            p.helper.append(f"import enum\n\nclass Lvl{i}(enum.Enum):\n    K = {k}")
+            p.steps.append(f"y = y * helper.Lvl{i}.K.value")
+        else:
+            p.helper.append(f"import enum\n\nclass Lvl{i}(enum.Enum):\n    K = (1, {k})\n\n"
+                            f"    def __init__(self, tag, scale):\n        self.scale = scale")
+            p.steps.append(f"y = y * helper.Lvl{i}.K.scale")
+    elif kind == "custom_op":
+        # A custom operator from another module, as a library defines one (named per case and
+        # feature).  Changed: a torch.library kernel for CompositeImplicitAutograd, whose
+        # decomposition the graph holds (variant 0); a custom_op's backward where one runs,
+        # else its kernel (1); a CPU kernel with a fake kernel, which the graph calls (2).
+        ns = f"sgc_{case.name}_{i}"
+        k = b if changed else a
+        if f.variant == 1:
+            fwd, bwd = (b if changed and not case.train else a), (b if changed and case.train else a)
+            p.helper.append(f"@torch.library.custom_op('{ns}::act', mutates_args=())\n"
+                            f"def act{i}(t: torch.Tensor) -> torch.Tensor:\n    return t.{op_a}() * {fwd}\n\n"
+                            f"@act{i}.register_fake\ndef _fake{i}(t):\n    return torch.empty_like(t)\n\n"
+                            f"def _setup{i}(ctx, inputs, output):\n    ctx.save_for_backward(inputs[0])\n\n"
+                            f"def _backward{i}(ctx, grad):\n    t, = ctx.saved_tensors\n    return grad * t * {bwd}\n\n"
+                            f"act{i}.register_autograd(_backward{i}, setup_context=_setup{i})")
+            p.steps.append(f"y = helper.act{i}(y)")
+        elif f.variant == 2:
+            p.helper.append(f"lib{i} = torch.library.Library('{ns}', 'DEF')\nlib{i}.define('shift(Tensor x) -> Tensor')\n\n"
+                            f"@torch.library.impl('{ns}::shift', 'cpu', lib=lib{i})\ndef _shift{i}(t):\n"
+                            f"    return t + {k}\n\n@torch.library.register_fake('{ns}::shift', lib=lib{i})\n"
+                            f"def _fake{i}(t):\n    return torch.empty_like(t)")
+            p.steps.append(f"y = y + torch.ops.{ns}.shift(y.detach())")
+        else:
+            p.helper.append(f"lib{i} = torch.library.Library('{ns}', 'DEF')\nlib{i}.define('scale(Tensor x) -> Tensor')\n\n"
+                            f"def _scale{i}(t):\n    return t.{op_a}() * {k}\n\n"
+                            f"lib{i}.impl('scale', _scale{i}, 'CompositeImplicitAutograd')")
+            p.steps.append(f"y = torch.ops.{ns}.scale(y)")
+    elif kind == "str_hash":
+        # hash() of a string, which Dynamo folds with no guard.  Changed: the string.
+        p.steps.append(f"y = y + hash({('warm' if changed else 'cold') + str(i)!r}) % 1009 / 100")
+    elif kind == "set_order":
+        # A set of strings iterated, in the process's hash order, which Dynamo folds: a literal
+        # in the code (variant 0) or a global (1, 2).  Changed: one of its words.
+        words = f"{{'alpha', 'be', {'delta!' if changed else 'gamma'!r}}}"
+        p.main.append(f"WORDS{i} = {words}" if f.variant else "")
+        p.main.append(f"def words{i}(t):\n    for w in {f'WORDS{i}' if f.variant else words}:\n"
+                      f"        t = t * {a} + len(w)\n    return t")
+        p.steps.append(f"y = words{i}(y)")
     elif kind == "global_module_hook":
         # Not on the module torch.compile wraps a module in (OptimizedModule): it is one more
         # module call than eager makes, so the hook would scale the compiled output once more.

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 from _drawing import draw
-from _warm_campaign import MUST_COMPILE, UNOBSERVABLE, Case, Feature, cases, sources
+from _warm_campaign import MUST_COMPILE, PER_PROCESS, UNOBSERVABLE, Case, Feature, cases, sources
 
 CHILD = Path(__file__).resolve().parent / "_warm_campaign_child.py"
 CASES = int(os.environ.get("STABLEGUARDS_WARM_CAMPAIGN_CASES", "10"))
@@ -52,10 +52,11 @@ def _write(src: Path, batch: list[Case], warm: bool) -> None:
             (src / f"{name}.py").write_text(text)
 
 
-def _run(src: Path, cache: Path, flag: bool, names: list[str], store: Path | None = None) -> dict:
+def _run(src: Path, cache: Path, flag: bool, names: list[str], store: Path | None = None,
+         hash_seed: str = "random") -> dict:
     env = {k: v for k, v in os.environ.items()
            if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE") and not k.startswith("STABLEGUARDS_STORE")}
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED="random")
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED=hash_seed)
     if store is not None:
         env["STABLEGUARDS_STORE"] = str(store)
     proc = subprocess.run([sys.executable, str(CHILD), str(src), "1" if flag else "0", *names], env=env,
@@ -64,18 +65,25 @@ def _run(src: Path, cache: Path, flag: bool, names: list[str], store: Path | Non
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _campaign(root: Path, batch: list[Case], flag: bool, two_machines: bool = False) -> tuple[dict, dict]:
+def _campaign(root: Path, batch: list[Case], flag: bool, two_machines: bool = False,
+              hash_seed: str = "random") -> tuple[dict, dict]:
     """The cold run, then the warm one, the sources rewritten in place between them (as a
     restarted job finds its files): on the same cache dir, or with ``two_machines`` each with
-    an empty cache dir of its own, both naming one shared store (STABLEGUARDS_STORE)."""
+    an empty cache dir of its own, both naming one shared store (STABLEGUARDS_STORE).  Each
+    process draws its own hash seed, unless ``hash_seed`` fixes one for both."""
     names = [case.name for case in batch]
     caches = (root / "machine-a", root / "machine-b") if two_machines else (root / "cache", root / "cache")
     store = root / "store" if two_machines else None
     _write(root / "src", batch, warm=False)
-    cold = _run(root / "src", caches[0], flag, names, store)
+    cold = _run(root / "src", caches[0], flag, names, store, hash_seed)
     _write(root / "src", batch, warm=True)
-    warm = _run(root / "src", caches[1], flag, names, store)
+    warm = _run(root / "src", caches[1], flag, names, store, hash_seed)
     return cold, warm
+
+
+def _per_process(case: Case) -> bool:
+    """Whether the case computes a value that differs between two processes (the hash seed)."""
+    return any(f.kind in PER_PROCESS for f in case.features)
 
 
 
@@ -109,6 +117,9 @@ def test_a_warm_process_is_never_served_stale_code(batch_index, tmp_path_factory
     assert not [run for run in on if "fallbacks" in run["explain"]], report  # no hook failed
     for case in batch:
         cold, warm = on[0]["cases"][case.name], on[1]["cases"][case.name]
+        if _per_process(case):  # its values are each process's own: compiled again, never served
+            assert warm["frames"] > 0, (case.name, report)
+            continue
         assert warm["eager"] == off[1]["cases"][case.name]["eager"], (case, report)
         if case.changed is None:
             assert warm["eager"] == cold["eager"], (case, report)
@@ -139,7 +150,7 @@ def test_a_process_on_another_machine_is_never_served_stale_code(batch_index, tm
         assert not wrong, (label, wrong, report)
         assert "fallbacks" not in run["explain"], (label, report)  # no hook failed
     for case in batch:
-        if case.changed is None and case.ambient not in LEFT_OUT:
+        if case.changed is None and case.ambient not in LEFT_OUT and not _per_process(case):
             assert warm["cases"][case.name]["frames"] == 0, (case.name, report)  # found in the store
         if case.change_kind() in MUST_COMPILE:
             assert warm["cases"][case.name]["frames"] > 0, (case.name, report)
@@ -202,12 +213,46 @@ FUNCTIONS_AND_DECORATORS = [
 ]
 
 
+# What an adversary of warm start's identities writes: a name trusted for content the graph
+# folded.  An enum member's value (an IntEnum, a plain Enum's value, an attribute), a custom
+# operator's kernels (a CompositeImplicitAutograd decomposition, a custom_op's backward, a CPU
+# kernel with a fake one), and values of the process's hash seed (a string's hash, a set's
+# order: a literal and a global).  Run under one fixed hash seed, where unchanged cases start
+# warm; the per-process ones also under each process's own seed (PER_PROCESS_UNCHANGED).
+ADVERSARY = [
+    *(Case(f"adv_{kind}{variant}_{train}_{changed}", module, train, (Feature(kind, 2.0, 3.0, "sin", "cos", variant),),
+           "none", changed)
+      for kind, variants in (("enum_member", 3), ("custom_op", 3), ("str_hash", 1), ("set_order", 3))
+      for variant in range(variants)
+      for module, train, changed in ((variant % 2 == 0, variant != 2, None), (variant % 2 == 1, variant == 1, 0))),
+]
+PER_PROCESS_UNCHANGED = [
+    Case(f"pp_{kind}{variant}", False, False, (Feature(kind, 2.0, 3.0, "sin", "cos", variant),), "none", None)
+    for kind, variant in (("str_hash", 0), ("set_order", 0), ("set_order", 1))
+]
+
+
+@pytest.fixture(scope="module")
+def fixed_seed_batch(tmp_path_factory) -> tuple[dict, dict]:
+    if not _warm_start_available():
+        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
+    return _campaign(tmp_path_factory.mktemp("seeded"), ADVERSARY, flag=True, hash_seed="7")
+
+
+def test_what_a_graph_folds_from_a_name_is_checked_by_its_content(fixed_seed_batch):
+    """An enum member's value, a custom operator's kernels (its decomposition, its backward,
+    its CPU kernel) and values of the hash seed, under one seed in both processes: each
+    starts warm unchanged, and changed is compiled again and equals eager (flag off, torch
+    serves the changed enum and operators stale: see docs/warm_start.md)."""
+    _starts_warm_unless_changed(ADVERSARY, *fixed_seed_batch)
+
+
 @pytest.fixture(scope="module")
 def fixed_batches(tmp_path_factory) -> tuple[dict, dict]:
     if not _warm_start_available():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     batch = (POLICIES_AND_EMPTY_GRAPHS + HELD_STATE + NO_GRAD_HELPERS + CALLS_UNDER_A_SETTING + COMPILED_AUTOGRAD_STEPS
-             + FUNCTIONS_AND_DECORATORS)
+             + FUNCTIONS_AND_DECORATORS + PER_PROCESS_UNCHANGED)
     return _campaign(tmp_path_factory.mktemp("fixed"), batch, flag=True)
 
 
@@ -263,6 +308,15 @@ def test_custom_autograd_functions_and_decorated_functions(fixed_batches):
     function a decorator from another module wraps (a closure over the function and the
     decorator's argument): changed in the argument, the wrapped body or the wrapper's."""
     _starts_warm_unless_changed(FUNCTIONS_AND_DECORATORS, *fixed_batches)
+
+
+def test_values_of_each_processs_hash_seed_are_never_served_to_another(fixed_batches):
+    """A string's hash and a set's iteration order, unchanged, where each process draws its
+    own hash seed (Python's default): the warm process compiles again, and equals eager."""
+    cold, warm = fixed_batches
+    for case in PER_PROCESS_UNCHANGED:
+        before, after = cold["cases"][case.name], warm["cases"][case.name]
+        assert before["matches"] and after["matches"] and after["frames"] > 0, (case, warm["explain"])
 
 
 def _starts_warm_unless_changed(batch: list[Case], cold: dict, warm: dict) -> None:

@@ -19,6 +19,9 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
+from stableguards.autograd_cache.reads import reads_identity
+from stableguards.operators import Opaque, Recorded, registrations
+from stableguards.operators import describe as describe_operator
 from stableguards.warm_start import facts
 from stableguards.warm_start.guard_rules import (
     LAMBDA_RULES,
@@ -596,6 +599,77 @@ def test_a_constant_result_is_a_fact_only_for_values_that_compare_across_process
     assert written.claim.endswith("(2) == 4")
     with pytest.raises(Unprovable):
         facts.constant_result(_double, (types.SimpleNamespace(),), {}, 4, identity)
+
+
+def test_what_a_folded_value_depends_on_besides_the_program():
+    """Numbers hash the same everywhere; strings by the hash seed; objects (and None before
+    Python 3.12) by their address; a container by the worst of its items; and a type this
+    rule does not know is an address (deny by default)."""
+    assert facts.per_process(3) is facts.per_process(2.5) is facts.per_process((1, 2.0, True)) is None
+    assert facts.per_process(_Level.K) is None  # an IntEnum member hashes as its int
+    assert facts.per_process("a") == facts.per_process(b"a") == facts.per_process(frozenset({1, "a"})) == facts.SEED
+    assert facts.per_process(_Color.RED) == facts.SEED  # hash(member) is hash(its name)
+    assert facts.per_process(object()) == facts.per_process((1, "a", object())) == facts.ADDRESS
+    assert facts.per_process(types.SimpleNamespace()) == facts.ADDRESS
+    assert facts.per_process(None) == (None if sys.version_info >= (3, 12) else facts.ADDRESS)
+
+
+def test_the_hash_seed_is_a_fact_equal_exactly_where_the_seed_is():
+    script = ("import sys; sys.path.insert(0, %r); from stableguards.warm_start.facts import hash_seed; "
+              "print(hash_seed().claim)" % str(ROOT))
+    claims = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "1", "2")]
+    assert claims[0] == claims[1] != claims[2]
+    assert facts.hash_seed() == facts.hash_seed() and facts.hash_seed().kind == facts.HASH_SEED
+
+
+# --- custom operators ---------------------------------------------------------------------
+
+_DUMP = """name: mylib::foo
+schema: mylib::foo(Tensor x) -> Tensor
+debug: registered at /home/u/mylib.py:3
+alias analysis kind: FROM_SCHEMA
+CPU: registered at /home/u/mylib.py:3 :: (none) [ boxed ]
+Meta: registered at /opt/torch/library.py:1012 :: (none) [ boxed ]
+Autograd[alias]: registered at /opt/torch/library.py:1400 :: (none) [ boxed ]
+CUDA: registered at /src/ext/foo_kernel.cu:12 :: (Tensor _0) -> Tensor _0 [ boxed unboxed ]
+"""
+
+
+def test_the_dispatchers_kernels_are_read_from_its_dump_with_where_each_came_from():
+    found = registrations(_DUMP)
+    assert [(r.key, r.from_python) for r in found] == [("CPU", True), ("Meta", True), ("Autograd", True),
+                                                      ("CUDA", False)]
+    assert found[0].file == "/home/u/mylib.py" and found[0].line == 3
+
+
+def test_an_operator_is_every_kernel_it_has_and_only_a_complete_account_describes_it():
+    """Each Python kernel the dispatcher holds must be one this process saw registered (and
+    still the one there), or torch's own proxy for what it keeps; a kernel registered where
+    stableguards could not see it leaves the operator without a description."""
+    found = registrations(_DUMP)
+    seen = {"CPU": Recorded(_double, "/home/u/mylib.py", 3), "Autograd": Recorded(_triple, "/opt/torch/library.py",
+                                                                                  1400)}
+    kw = dict(torch_dir="/opt/torch/", torch_owned=False, custom_op=False, describe_fn=reads_identity)
+    described = describe_operator("mylib::foo", found, seen, {"fake": _with_default}, **kw)
+    assert "kernel CPU: function:" in described and "kernel Autograd" in described and "fake: " in described
+    assert "CUDA: native /src/ext/foo_kernel.cu:12" in described
+    other = describe_operator("mylib::foo", found, {**seen, "CPU": Recorded(_triple, "/home/u/mylib.py", 3)},
+                              {"fake": _with_default}, **kw)
+    assert other != described  # another CPU kernel
+    with pytest.raises(Opaque, match="Meta"):  # a meta kernel from torch's files, and no fake kernel kept
+        describe_operator("mylib::foo", found, seen, {}, **kw)
+    with pytest.raises(Opaque, match="CPU"):  # replaced since it was recorded (another library made it)
+        describe_operator("mylib::foo", found, {**seen, "CPU": Recorded(_double, "/home/u/other.py", 9)},
+                          {"fake": _with_default}, **kw)
+    with pytest.raises(Opaque, match="CPU"):  # never seen registered
+        describe_operator("mylib::foo", found, {"Autograd": seen["Autograd"]}, {"fake": _with_default}, **kw)
+    with pytest.raises(Opaque, match="no identity"):  # a kernel over something no other process can name
+        describe_operator("mylib::foo", found, seen, {"fake": _make(types.SimpleNamespace())}, **kw)
+    # torch's own operator: kernels from torch's files are torch's code; a user's file still needs a record.
+    assert describe_operator("aten::x", found[1:], {}, {}, **{**kw, "torch_owned": True})
+    with pytest.raises(Opaque):
+        describe_operator("aten::x", found, {}, {}, **{**kw, "torch_owned": True})
 
 
 def test_an_environment_variable_is_a_fact_present_or_absent():

@@ -183,11 +183,17 @@ def _kernel_reader(reads_identity: Any) -> Any:
         if described is not None or not hasattr(obj, "__dict__"):
             return described
         # A class torch made for the operator, or a record of torch's holding the user's functions.
-        held = {name: value for name, value in vars(obj).items() if not (name.startswith("__") and name.endswith("__"))}
+        held = {name: value for name, value in vars(obj).items()
+                if not (name.startswith("__") and name.endswith("__")) and name not in _TORCH_BOOKKEEPING}
         inner = read(held, depth + 1)
         return None if inner is None else f"torch {getattr(obj, '__qualname__', type(obj).__qualname__)}{inner}"
 
     return read
+
+
+# What torch's own records hold that is this process's bookkeeping, not what the user gave:
+# an autograd.Function class's id, from a per-process counter.
+_TORCH_BOOKKEEPING = frozenset({"_autograd_function_id"})
 
 
 def _torchs(obj: Any) -> bool:

@@ -1,4 +1,5 @@
 """``python -m stableguards pgo show|diff|clear``: look at and manage stored profiles;
+``python -m stableguards audit``: what each saved warm-start entry trusts by identity;
 ``python -m stableguards hooks`` and ``parts``: the tables of the torch seams stableguards
 hooks and of its parts.
 
@@ -34,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     diff.add_argument("b", help="key or file")
     clear = pgo.add_parser("clear", help="remove a stored profile")
     clear.add_argument("profile", help="key or file")
+    audit = commands.add_parser("audit", help="what each saved warm-start entry trusts by identity, and what "
+                                              "that identity covers")
+    audit.add_argument("--cache-dir", metavar="DIR", help="the inductor cache dir the entries were saved from "
+                       "(default: $TORCHINDUCTOR_CACHE_DIR, else torch's); entries come from "
+                       "$STABLEGUARDS_STORE when it is set")
     commands.add_parser("hooks", help="print the table of torch seams stableguards hooks (markdown)")
     commands.add_parser("parts", help="print the table of stableguards' parts (markdown)")
     args = parser.parse_args(argv)
@@ -45,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.area == "parts":
         print(parts_table())
         return 0
+    if args.area == "audit":
+        return _audit(args.cache_dir)
 
     store = _store(args)
     if args.command == "show":
@@ -54,6 +62,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "diff":
         return _diff(_load(store, args.a), _load(store, args.b))
     return _clear(store, args.profile)
+
+
+def _audit(cache_dir: str | None) -> int:
+    """Every saved entry's trusted identities and unguarded facts (warm_start.audit)."""
+    from stableguards.hooks.core import cache_subdir
+    from stableguards.store import open_store
+    from stableguards.warm_start.audit import report
+    from stableguards.warm_start.hooks.saved import saved_proofs
+
+    root = Path(cache_dir) / "stableguards" if cache_dir else cache_subdir("warm_start").parent
+    print(report(saved_proofs(root / "warm_start", open_store(root / "store"))))
+    return 0
 
 
 def _store(args: argparse.Namespace) -> ProfileStore:

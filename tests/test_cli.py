@@ -79,3 +79,48 @@ def test_the_parts_table_in_the_readme_is_the_registrys(capsys):
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     begin, end = "<!-- parts table: begin -->\n", "\n<!-- parts table: end -->"
     assert readme[readme.index(begin) + len(begin):readme.index(end)] == table, "run python -m stableguards parts"
+
+
+_AUDITED = '''
+import enum, sys
+import torch
+torch._dynamo.config.stable_guards = True
+lib = torch.library.Library("sg_audited", "DEF")
+lib.define("twice(Tensor x) -> Tensor")
+lib.impl("twice", lambda t: t * 2, "CompositeImplicitAutograd")
+
+
+class Level(enum.IntEnum):
+    HIGH = 3
+
+
+def f(x):
+    return torch.ops.sg_audited.twice(x) * Level.HIGH + hash("s") % 3
+
+
+f.__module__ = "__main__"
+torch.compile(f)(torch.ones(3))
+'''
+
+
+def test_the_audit_lists_what_each_saved_entry_trusts_and_what_that_covers(tmp_path):
+    """An entry compiled with an enum member, a custom operator and a string's hash: the audit
+    names the member by its value, the operator's kernels and the hash seed, each with what
+    it covers, without importing the program it reads the entry of."""
+    import pytest
+    import torch._dynamo  # noqa: F401 - installs the hooks
+
+    from stableguards.hooks import STATE
+
+    if "warm_start" not in STATE.installed:
+        pytest.skip("warm start needs torch 2.15")
+    script = tmp_path / "audited.py"
+    script.write_text(_AUDITED)
+    env = {**__import__("os").environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    subprocess.run([sys.executable, str(script)], env=env, check=True, capture_output=True, cwd=tmp_path)
+    out = subprocess.run([sys.executable, "-m", "stableguards", "audit", "--cache-dir", str(tmp_path / "cache")],
+                         env=env, check=True, capture_output=True, text=True).stdout
+    assert "__main__.f" in out and "ID_MATCH on G['Level'].HIGH: enum:class:__main__.Level#" in out
+    assert ".HIGH=int:3:int:3" in out and "its class, its name, its value" in out
+    assert "OPERATOR_KERNELS on sg_audited.twice" in out and "every kernel of the operator" in out
+    assert "HASH_SEED on str and bytes hashes" in out

@@ -23,6 +23,7 @@ from stableguards.autograd_cache.reads import reads_identity
 from stableguards.operators import Opaque, Recorded, registrations
 from stableguards.operators import describe as describe_operator
 from stableguards.warm_start import facts
+from stableguards.warm_start.audit import descriptions, report, trusted
 from stableguards.warm_start.guard_rules import (
     LAMBDA_RULES,
     RULES,
@@ -36,7 +37,7 @@ from stableguards.warm_start.guard_rules import (
     rule_for,
     unproven,
 )
-from stableguards.warm_start.identity import Identities, by_state, graph_tensor, identity
+from stableguards.warm_start.identity import Identities, by_state, covers, graph_tensor, identity
 from stableguards.warm_start.proof import Proof, Recheck, check
 from stableguards.warm_start.state import Binding
 
@@ -621,6 +622,19 @@ def test_the_hash_seed_is_a_fact_equal_exactly_where_the_seed_is():
                              env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "1", "2")]
     assert claims[0] == claims[1] != claims[2]
     assert facts.hash_seed() == facts.hash_seed() and facts.hash_seed().kind == facts.HASH_SEED
+
+
+def test_the_audit_names_each_identity_an_entry_trusts_and_what_it_covers():
+    claim = "___check_obj_id(G['Lvl'], <class:m.Lvl#ab<c>>), type=<class 'm.Lvl'>"
+    assert descriptions(claim) == ["class:m.Lvl#ab<c>"]  # the type's repr is not one
+    assert descriptions("checks [<class 'm.Mode'>] with list(class:m.Mode#1)", state=True) == ["list(class:m.Mode#1)"]
+    proof = Proof((Fact("G['Lvl']", "ID_MATCH", claim), Fact("L['x']", "TENSOR_MATCH", "check_tensor(...)")),
+                  (Recheck(facts.hash_seed()),))
+    rows = list(trusted(proof))
+    assert [(r.kind, r.what) for r in rows] == [("ID_MATCH", "class:m.Lvl#ab<c>"), ("HASH_SEED", facts.hash_seed().claim)]
+    assert "MRO" in rows[0].covers and "hash seed" in rows[1].covers
+    assert all(covers(identity(obj)) != covers("nothing:") for obj in (_Level.K, _double, _Child, os, len, (1,)))
+    assert "ID_MATCH on G['Lvl']" in report([("m.f", [proof, None])]) and "no proof" in report([("m.f", [None])])
 
 
 # --- custom operators ---------------------------------------------------------------------

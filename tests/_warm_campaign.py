@@ -350,7 +350,7 @@ def _feature(p: _Program, case: Case, i: int, f: Feature, changed: bool) -> None
         # A custom operator from another module, as a library defines one (named per case and
         # feature).  Changed: a torch.library kernel for CompositeImplicitAutograd, whose
         # decomposition the graph holds (variant 0); a custom_op's backward where one runs,
-        # else its kernel (1); a CPU kernel with a fake kernel, which the graph calls (2).
+        # else its kernel (1); the kernel of an operator another one's kernel calls by name (2).
         ns = f"sgc_{case.name}_{i}"
         k = b if changed else a
         if f.variant == 1:
@@ -362,12 +362,13 @@ def _feature(p: _Program, case: Case, i: int, f: Feature, changed: bool) -> None
                             f"def _backward{i}(ctx, grad):\n    t, = ctx.saved_tensors\n    return grad * t * {bwd}\n\n"
                             f"act{i}.register_autograd(_backward{i}, setup_context=_setup{i})")
             p.steps.append(f"y = helper.act{i}(y)")
-        elif f.variant == 2:
-            p.helper.append(f"lib{i} = torch.library.Library('{ns}', 'DEF')\nlib{i}.define('shift(Tensor x) -> Tensor')\n\n"
-                            f"@torch.library.impl('{ns}::shift', 'cpu', lib=lib{i})\ndef _shift{i}(t):\n"
-                            f"    return t + {k}\n\n@torch.library.register_fake('{ns}::shift', lib=lib{i})\n"
-                            f"def _fake{i}(t):\n    return torch.empty_like(t)")
-            p.steps.append(f"y = y + torch.ops.{ns}.shift(y.detach())")
+        elif f.variant == 2:  # an operator whose kernel calls another by name: the inner one changes
+            p.helper.append(f"lib{i} = torch.library.Library('{ns}', 'DEF')\nlib{i}.define('inner(Tensor x) -> Tensor')\n"
+                            f"lib{i}.define('outer(Tensor x) -> Tensor')\n\ndef _inner{i}(t):\n    return t * {k}\n\n"
+                            f"def _outer{i}(t):\n    return torch.ops.{ns}.inner(t).{op_a}()\n\n"
+                            f"lib{i}.impl('inner', _inner{i}, 'CompositeImplicitAutograd')\n"
+                            f"lib{i}.impl('outer', _outer{i}, 'CompositeImplicitAutograd')")
+            p.steps.append(f"y = torch.ops.{ns}.outer(y)")
         else:
             p.helper.append(f"lib{i} = torch.library.Library('{ns}', 'DEF')\nlib{i}.define('scale(Tensor x) -> Tensor')\n\n"
                             f"def _scale{i}(t):\n    return t.{op_a}() * {k}\n\n"

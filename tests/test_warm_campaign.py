@@ -215,8 +215,8 @@ FUNCTIONS_AND_DECORATORS = [
 
 # What an adversary of warm start's identities writes: a name trusted for content the graph
 # folded.  An enum member's value (an IntEnum, a plain Enum's value, an attribute), a custom
-# operator's kernels (a CompositeImplicitAutograd decomposition, a custom_op's backward, a CPU
-# kernel with a fake one), and values of the process's hash seed (a string's hash, a set's
+# operator's kernels (a CompositeImplicitAutograd decomposition, a custom_op's backward, the
+# kernel of an operator another one's kernel calls), and values of the process's hash seed (a string's hash, a set's
 # order: a literal and a global).  Run under one fixed hash seed, where unchanged cases start
 # warm; the per-process ones also under each process's own seed (PER_PROCESS_UNCHANGED).
 ADVERSARY = [
@@ -241,7 +241,7 @@ def fixed_seed_batch(tmp_path_factory) -> tuple[dict, dict]:
 
 def test_what_a_graph_folds_from_a_name_is_checked_by_its_content(fixed_seed_batch):
     """An enum member's value, a custom operator's kernels (its decomposition, its backward,
-    its CPU kernel) and values of the hash seed, under one seed in both processes: each
+    an operator its kernel calls) and values of the hash seed, under one seed in both processes: each
     starts warm unchanged, and changed is compiled again and equals eager (flag off, torch
     serves the changed enum and operators stale: see docs/warm_start.md)."""
     _starts_warm_unless_changed(ADVERSARY, *fixed_seed_batch)

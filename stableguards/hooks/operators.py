@@ -81,16 +81,55 @@ def is_custom(target: Any) -> bool:
     return any(not _torch_owned(op, _dispatcher_name(op)) or _recorded(_dispatcher_name(op)) for op in overloads)
 
 
-def _describe(op: Any, name: str) -> str:
+def _describe(op: Any, name: str, open_: frozenset[str] = frozenset()) -> str:
+    """``op``'s kernels, and those of every custom operator they name (a kernel that calls
+    ``torch.ops.other.op`` runs it: its decomposition is traced through that one too)."""
     import torch
 
-    from stableguards.autograd_cache.reads import reads_identity
+    from stableguards.autograd_cache.reads import code_names, reads_identity
 
     opdef = _custom_op_def(op)
     torch_owned = _torch_owned(op, name)
-    return describe(name, registrations(torch._C._dispatch_dump(name)), _recorded(name),
-                    dict(_kept(op, opdef, torch_owned)), torch_dir=_torch_dir(), torch_owned=torch_owned,
-                    custom_op=opdef is not None, describe_fn=_kernel_reader(reads_identity))
+    recorded, kept = _recorded(name), dict(_kept(op, opdef, torch_owned))
+    own = describe(name, registrations(torch._C._dispatch_dump(name)), recorded, kept, torch_dir=_torch_dir(),
+                   torch_owned=torch_owned, custom_op=opdef is not None, describe_fn=_kernel_reader(reads_identity))
+    names: set[str] = set()
+    for fn in _functions([*(r.fn for r in recorded.values()), *kept.values()]):
+        names |= code_names(fn.__code__)
+    called = [other for other in _known_custom() if other not in open_ and other != name
+              and {other.partition("::")[0], other.partition("::")[2].partition(".")[0]} <= names]
+    return "; ".join([own, *(f"calls {_describe(_overload(other), other, open_ | {name})}" for other in called)])
+
+
+def _functions(held: list[Any], depth: int = 0) -> list[Any]:
+    """The Python functions among what kernels are and hold (closures, containers)."""
+    found = []
+    for item in held:
+        if hasattr(item, "__code__"):
+            found.append(item)
+            if depth < 4:
+                found += _functions([_contents(c) for c in item.__closure__ or ()], depth + 1)
+        elif isinstance(item, dict) and depth < 4:
+            found += _functions(list(item.values()), depth + 1)
+        elif isinstance(item, (list, tuple)) and depth < 4:
+            found += _functions(list(item), depth + 1)
+    return found
+
+
+def _known_custom() -> list[str]:
+    """Every operator with a Python kernel this process recorded or a ``custom_op``, by the
+    dispatcher's name: the ones a kernel can call by name."""
+    from torch._library.custom_ops import OPDEFS
+
+    return sorted({op for op, _ in STATE.kernels} | set(OPDEFS))
+
+
+def _overload(name: str) -> Any:
+    import torch
+
+    namespace, _, rest = name.partition("::")
+    base, _, overload = rest.partition(".")
+    return getattr(getattr(getattr(torch.ops, namespace), base), overload or "default")
 
 
 def _recorded(name: str) -> dict[str, Recorded]:

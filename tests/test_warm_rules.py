@@ -129,6 +129,43 @@ def test_an_enum_member_is_its_value_and_its_class_is_its_members():
         del globals()["_Odd"]
 
 
+class _Cached:
+    @functools.cached_property
+    def scale(self):
+        return 2.0
+
+    twice = functools.partialmethod(lambda self, t, k: t * k, k=2)
+
+
+def test_a_cached_property_and_a_partialmethod_are_what_they_compute():
+    before = identity(_Cached)
+    assert before is not None
+    original = _Cached.__dict__["scale"].func
+    try:
+        _Cached.__dict__["scale"].func = _triple  # another function behind the same name
+        assert identity(_Cached) != before
+    finally:
+        _Cached.__dict__["scale"].func = original
+    assert identity(_Cached) == before
+    assert identity(functools.partialmethod(_double, 2)) != identity(functools.partialmethod(_double, 3))
+
+
+def test_a_c_function_is_its_import_name_and_its_packages_version(monkeypatch):
+    import math
+
+    assert identity(math.sin) == "builtin:math.sin"  # the interpreter's: its version is in the key
+    module = types.ModuleType("sg_c_ext")
+    monkeypatch.setitem(sys.modules, "sg_c_ext", module)
+    from stableguards.warm_start import identity as rules
+
+    rules._version.cache_clear()
+    assert rules._version("sg_c_ext") is None  # no version: no identity
+    module.__version__ = "1.2"
+    rules._version.cache_clear()
+    assert rules._version("sg_c_ext.sub") == "@1.2"
+    rules._version.cache_clear()
+
+
 def test_identity_has_no_answer_where_nothing_names_the_object_elsewhere():
     class Local:
         pass

@@ -16,7 +16,9 @@ leaves the entry out rather than trust a name.
   which code compares within one process;
 * a module: its name, when ``sys.modules`` holds it under that name;
 * a builtin function: where it is imported from, when that name leads back to
-  it; a C method of a class (``dict.get``): that class and the method's name;
+  it, and outside the interpreter's own modules and torch the version of its
+  package (a C extension with none has no identity); a C method of a class
+  (``dict.get``): that class and the method's name;
 * a code object: ``code_digest`` (bytecode, names, constants, nested code);
 * a Python function: its code, defaults, keyword defaults, the contents of
   its closure cells (recursively, by this same rule) and the module whose
@@ -33,7 +35,8 @@ leaves the entry out rather than trust a name.
   other singleton types, by name;
 * an enum member: its class (with every member's name and value), its name, its
   value, the builtin data it mixes in and its attributes;
-* a bound method, ``functools.partial``: their parts; a weak
+* a bound method, ``functools.partial`` and ``partialmethod``, a
+  ``functools.cached_property`` (its function): their parts; a weak
   reference by what it refers to (code that holds one uses that object while
   it lives: an lr scheduler's wrapper of ``optimizer.step``);
 * an optimizer (``torch.optim.Optimizer``): its class and its state (param
@@ -94,8 +97,8 @@ _DESCRIPTORS = (types.MethodDescriptorType, types.WrapperDescriptorType, types.C
 COVERS = {
     "module": "the module of that name in sys.modules; what the code reads of it, Dynamo guards where it reads",
     "module-copy": "a copy of the module loaded from that file, bound on the entry's first call",
-    "builtin": "what that import name finds (C code: the interpreter's or its package's, whose version "
-               "the entry's key holds for torch)",
+    "builtin": "what that import name finds; its C code by the version of its package (the interpreter's "
+               "and torch's by the entry's key)",
     "code": "the bytecode, names, constants and nested code",
     "function": "its code, defaults, keyword defaults, what its closure holds (by these rules) and the module "
                 "whose globals it reads; each global it reads Dynamo guards where it reads it",
@@ -105,6 +108,7 @@ COVERS = {
     "enum": "its class, its name, its value, the builtin data it mixes in and its attributes",
     "method": "the function and the object it is bound to",
     "partial": "the function, its arguments and keywords",
+    "partialmethod": "the function, its arguments and keywords", "cached_property": "its function",
     "staticmethod": "the function", "classmethod": "the function", "property": "getter, setter and deleter",
     "weakref": "the object it refers to, or that it is dead",
     "instance": "its class and its state (a decorating context manager)",
@@ -257,9 +261,12 @@ class Identities:
                 return "weakref(dead)"
             described = self.describe(referent)
             return None if described is None else f"weakref({described})"
-        if isinstance(obj, functools.partial):
+        if isinstance(obj, (functools.partial, functools.partialmethod)):
             parts = self._all((obj.func, obj.args, obj.keywords))
-            return None if parts is None else f"partial({', '.join(parts)})"
+            return None if parts is None else f"{kind.__name__}({', '.join(parts)})"
+        if isinstance(obj, functools.cached_property):  # its function: what it computes, once per instance
+            inner = self.describe(obj.func)
+            return None if inner is None else f"cached_property({inner})"
         if isinstance(obj, enum.Enum):
             return self._enum_member(obj)
         if by_state(obj):
@@ -394,7 +401,8 @@ _ENUM_MIXINS = {int: int.__int__, float: float.__float__, complex: complex.__com
                 bytes: bytes.__bytes__}
 # What the enum machinery keeps on each member; its value and name are described on their own.
 _ENUM_BOOKKEEPING = frozenset({"_value_", "_name_", "__objclass__", "_sort_order_"})
-_METHOD_LIKE = (types.FunctionType, staticmethod, classmethod, property, functools.partialmethod)
+_METHOD_LIKE = (types.FunctionType, staticmethod, classmethod, property, functools.partialmethod,
+                functools.cached_property)
 # Classes whose instances, used as decorators, are what their class's code does with their state.
 _CONTEXT_DECORATORS = frozenset({"torch.utils._contextlib._DecoratorContextManager",
                                  "torch._dynamo.eval_frame._TorchDynamoContext"})
@@ -421,10 +429,23 @@ def _builtin(fn: types.BuiltinFunctionType) -> str | None:
     for path in dict.fromkeys((fn.__qualname__, fn.__name__)):
         try:
             if resolve(name, path) is fn:
-                return f"builtin:{module.__name__}.{path}"
+                version = _version(module.__name__)
+                return None if version is None else f"builtin:{module.__name__}.{path}{version}"
         except AttributeError:
             continue
     return None
+
+
+@functools.cache
+def _version(module: str) -> str | None:
+    """What fixes a C function's code besides its name: nothing more for the interpreter's own
+    modules and torch's (the key holds Python's and torch's versions), else its package's
+    version; None where it has none (a C extension of the user's: no identity)."""
+    top = module.partition(".")[0]
+    if top in sys.stdlib_module_names or top in ("builtins", "torch") or top in sys.builtin_module_names:
+        return ""
+    version = getattr(sys.modules.get(top), "__version__", None)
+    return f"@{version}" if isinstance(version, str) else None
 
 
 def _fx_graph_class(cls: type) -> bool:

@@ -36,6 +36,7 @@ def test_held_out_scenarios_are_never_served_stale(tmp_path_factory):
     for s in SCENARIOS:
         print(s.name, " | ".join(str(run["cases"][s.name]) for run in (*on, *off)))
     print(on[1]["explain"])
+    assert not [run for run in on if "fallbacks" in run["explain"]]  # no hook failed
     for s in SCENARIOS:
         cold, warm = on[0]["cases"][s.name], on[1]["cases"][s.name]
         assert cold["matches"] and warm["matches"], s.name

@@ -475,7 +475,7 @@ def _unpicklable_bystander(pickler: Any, obj: Any) -> bool:
         return False
     try:
         obj.__reduce_ex__(pickle.DEFAULT_PROTOCOL)  # what pickle calls next
-    except TypeError:
+    except Exception:  # noqa: BLE001 - TypeError, or pybind11's RuntimeError for a C++ function record
         return True
     return False
 

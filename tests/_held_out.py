@@ -44,12 +44,14 @@ SCENARIOS = [
              "'cccc'", "'cccc'", per_process=True),
     Scenario("sorted_set", "def fn(x):\n    for w in sorted({'aa', 'b', {v}}):\n        x = x * 2 + len(w)\n"
                            "    return x\n", "'cccc'", "'dd'"),
-    Scenario("op_in_a_dict", "lib = torch.library.Library('{ns}', 'DEF')\nlib.define('scale(Tensor x) -> Tensor')\n"
+    Scenario("op_in_a_dict", "lib = torch.library.Library('{ns}', 'DEF')\n"
+                             "lib.define('scale(Tensor x) -> Tensor')\n"
                              "lib.impl('scale', lambda t: t * {v}, 'CompositeImplicitAutograd')\n"
                              "OPS = {'scale': torch.ops.{ns}.scale.default}\n\n\n"
                              "def fn(x):\n    return OPS['scale'](x).sin()\n", "2.0", "3.0"),
     Scenario("kernel_reads_a_global", "K = {v}\nlib = torch.library.Library('{ns}', 'DEF')\n"
-                                      "lib.define('scale(Tensor x) -> Tensor')\n\n\ndef _scale(t):\n    return t * K\n\n\n"
+                                      "lib.define('scale(Tensor x) -> Tensor')\n\n\n"
+                                      "def _scale(t):\n    return t * K\n\n\n"
                                       "lib.impl('scale', _scale, 'CompositeImplicitAutograd')\n\n\n"
                                       "def fn(x):\n    return torch.ops.{ns}.scale(x).cos()\n", "2.0", "3.0"),
     Scenario("partial_of_an_op", "lib = torch.library.Library('{ns}', 'DEF')\n"
@@ -57,16 +59,19 @@ SCENARIOS = [
                                  "lib.impl('scale', lambda t, k: t * k * {v}, 'CompositeImplicitAutograd')\n"
                                  "P = functools.partial(torch.ops.{ns}.scale, k=2.0)\n\n\n"
                                  "def fn(x):\n    return P(x).sin()\n", "1.0", "1.5"),
-    Scenario("library_autograd", "lib = torch.library.Library('{ns}', 'DEF')\nlib.define('sq(Tensor x) -> Tensor')\n\n\n"
+    Scenario("library_autograd", "lib = torch.library.Library('{ns}', 'DEF')\n"
+                                 "lib.define('sq(Tensor x) -> Tensor')\n\n\n"
                                  "@torch.library.impl('{ns}::sq', 'cpu', lib=lib)\ndef _sq(t):\n    return t * t\n\n\n"
                                  "@torch.library.register_fake('{ns}::sq', lib=lib)\ndef _fake(t):\n"
                                  "    return torch.empty_like(t)\n\n\ndef _setup(ctx, inputs, output):\n"
                                  "    ctx.save_for_backward(inputs[0])\n\n\ndef _backward(ctx, grad):\n"
                                  "    t, = ctx.saved_tensors\n    return grad * t * {v}\n\n\n"
-                                 "torch.library.register_autograd('{ns}::sq', _backward, setup_context=_setup, lib=lib)\n\n\n"
+                                 "torch.library.register_autograd('{ns}::sq', _backward, setup_context=_setup, "
+                                 "lib=lib)\n\n\n"
                                  "def fn(x):\n    return torch.ops.{ns}.sq(x).sin()\n", "2.0", "3.0", train=True),
     Scenario("enum_method_value", "class Mode(enum.Enum):\n    FAST = 'fast'\n\n    def scale(self):\n"
-                                  "        return {v}\n\n\ndef fn(x):\n    return x * Mode.FAST.scale()\n", "2.0", "3.0"),
+                                  "        return {v}\n\n\ndef fn(x):\n    return x * Mode.FAST.scale()\n",
+             "2.0", "3.0"),
     Scenario("str_of_member", "class Mode(enum.Enum):\n    FAST = 'fast'\n    {v} = 'slow'\n\n\n"
                               "def fn(x):\n    return x * len(str(Mode('slow')))\n", "SLOW", "SLOWER"),
 ]

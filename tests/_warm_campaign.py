@@ -12,7 +12,8 @@ an environment variable a branch reads,
 an ``assume_constant_result`` function's input, a custom ``autograd.Function``'s forward,
 a global its backward reads or its ``setup_context``, a function a decorator wraps or the decorator's argument or
 wrapper, an enum member's value, a custom operator's kernel or backward, a string's hash or a set's
-iteration order (both per process: the hash seed), a module hook of any kind or a global one, what a checkpointing policy
+iteration order (both per process: the hash seed), a module hook of any kind or a global one, what a
+checkpointing policy
 saves (a policy Dynamo never traces, reached through a global function, a
 closure or a ``functools.partial``), a global the guards check and the graph does
 not hold (the frame is traced again, into the same graph), saved-tensor hooks, grad, inference or
@@ -363,14 +364,16 @@ def _feature(p: _Program, case: Case, i: int, f: Feature, changed: bool) -> None
                             f"act{i}.register_autograd(_backward{i}, setup_context=_setup{i})")
             p.steps.append(f"y = helper.act{i}(y)")
         elif f.variant == 2:  # an operator whose kernel calls another by name: the inner one changes
-            p.helper.append(f"lib{i} = torch.library.Library('{ns}', 'DEF')\nlib{i}.define('inner(Tensor x) -> Tensor')\n"
+            p.helper.append(f"lib{i} = torch.library.Library('{ns}', 'DEF')\n"
+                            f"lib{i}.define('inner(Tensor x) -> Tensor')\n"
                             f"lib{i}.define('outer(Tensor x) -> Tensor')\n\ndef _inner{i}(t):\n    return t * {k}\n\n"
                             f"def _outer{i}(t):\n    return torch.ops.{ns}.inner(t).{op_a}()\n\n"
                             f"lib{i}.impl('inner', _inner{i}, 'CompositeImplicitAutograd')\n"
                             f"lib{i}.impl('outer', _outer{i}, 'CompositeImplicitAutograd')")
             p.steps.append(f"y = torch.ops.{ns}.outer(y)")
         else:
-            p.helper.append(f"lib{i} = torch.library.Library('{ns}', 'DEF')\nlib{i}.define('scale(Tensor x) -> Tensor')\n\n"
+            p.helper.append(f"lib{i} = torch.library.Library('{ns}', 'DEF')\n"
+                            f"lib{i}.define('scale(Tensor x) -> Tensor')\n\n"
                             f"def _scale{i}(t):\n    return t.{op_a}() * {k}\n\n"
                             f"lib{i}.impl('scale', _scale{i}, 'CompositeImplicitAutograd')")
             p.steps.append(f"y = torch.ops.{ns}.scale(y)")

@@ -668,7 +668,8 @@ def test_the_audit_names_each_identity_an_entry_trusts_and_what_it_covers():
     proof = Proof((Fact("G['Lvl']", "ID_MATCH", claim), Fact("L['x']", "TENSOR_MATCH", "check_tensor(...)")),
                   (Recheck(facts.hash_seed()),))
     rows = list(trusted(proof))
-    assert [(r.kind, r.what) for r in rows] == [("ID_MATCH", "class:m.Lvl#ab<c>"), ("HASH_SEED", facts.hash_seed().claim)]
+    assert [(r.kind, r.what) for r in rows] == [("ID_MATCH", "class:m.Lvl#ab<c>"),
+                                                ("HASH_SEED", facts.hash_seed().claim)]
     assert "MRO" in rows[0].covers and "hash seed" in rows[1].covers
     assert all(covers(identity(obj)) != covers("nothing:") for obj in (_Level.K, _double, _Child, os, len, (1,)))
     assert "ID_MATCH on G['Lvl']" in report([("m.f", [proof, None])]) and "no proof" in report([("m.f", [None])])

@@ -84,9 +84,8 @@ def describe(name: str, registered: Iterable[Registration], recorded: Mapping[st
     Python kernel this process saw registered there; ``kept``: the user functions torch
     keeps for it where they can be read (a ``custom_op``'s implementations, fake kernels,
     torch-dispatch rules, ``py_impl`` kernels), by label; ``torch_dir``: where torch's own
-    files are; ``torch_owned``: the operator is torch's (defined by torch, in a namespace
-    torch had when stableguards was loaded), so kernels from torch's files are torch's
-    code; ``custom_op``: it was made by ``torch.library.custom_op``, whose kernels are
+    files are; ``torch_owned``: the operator is torch's (defined by torch), so kernels from
+    torch's files are torch's code; ``custom_op``: it was made by ``torch.library.custom_op``, whose kernels are
     torch's proxies for the functions ``kept`` holds.
 
     Each Python kernel the dispatcher holds must be accounted for: recorded here (and

@@ -130,13 +130,12 @@ def install() -> None:
 
 def _install_recorders() -> None:
     """The recorders (``Hook.records``), as early as ``import torch`` ends: before any user code
-    can register what they record; with them, the operator namespaces torch has by then."""
+    can register what they record."""
     import torch
 
     if RECORDING in STATE.installed or ".".join(torch.__version__.split(".")[:2]) not in TESTED_TORCH \
             and not os.environ.get(UNTESTED_ENV_VAR):
         return
-    operators.snapshot_namespaces()
     _install_part(RECORDING, operators.HOOKS)
 
 

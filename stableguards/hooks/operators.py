@@ -26,8 +26,7 @@ from stableguards.hooks.core import Hook
 from stableguards.hooks.state import STATE
 from stableguards.operators import Opaque, Recorded, describe, registrations
 
-# Namespaces whose operators torch defines in C++ or in its own files, besides those it had
-# when this module was loaded (``_TORCH_NAMESPACES``).
+# Namespaces only torch defines operators in (asked for every node of a graph: no dump read).
 _ALWAYS_TORCHS = frozenset({"aten", "prim", "prims"})
 
 
@@ -42,7 +41,7 @@ def _library_impl(call: Any, self: Any, op_name: Any, fn: Any, dispatch_key: str
     key = dispatch_key or self.dispatch_key or "CompositeImplicitAutograd"
     where = next((r for r in registrations(torch._C._dispatch_dump(name)) if r.key == key), None)
     if where is not None:
-        STATE.kernels[(name, key)] = Recorded(fn, where.file, where.line)
+        STATE.kernels.setdefault(name, {})[key] = Recorded(fn, where.file, where.line)
 
 
 def kernels(op: Any) -> str:
@@ -71,14 +70,18 @@ def custom_operators(root: Any) -> list[Any]:
 
 
 def is_custom(target: Any) -> bool:
-    """Whether ``target`` is an operator whose kernels are not all torch's code."""
+    """Whether ``target`` is an operator whose kernels are not all torch's code: one torch did
+    not define, or one given a kernel of the user's (recorded).  Torch registers kernels of its
+    own as it imports more of itself (inductor's, the collectives' autograd): those are torch's
+    code, which the key holds by torch's version."""
     import torch
 
     if not isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return False
     overloads = [getattr(target, n) for n in target.overloads()] \
         if isinstance(target, torch._ops.OpOverloadPacket) else [target]
-    return any(not _torch_owned(op, _dispatcher_name(op)) or _recorded(_dispatcher_name(op)) for op in overloads)
+    return any(not _torch_owned(op, _dispatcher_name(op))
+               or any(not _torchs(seen.fn) for seen in _recorded(_dispatcher_name(op)).values()) for op in overloads)
 
 
 def _describe(op: Any, name: str, open_: frozenset[str] = frozenset()) -> str:
@@ -121,7 +124,7 @@ def _known_custom() -> list[str]:
     dispatcher's name: the ones a kernel can call by name."""
     from torch._library.custom_ops import OPDEFS
 
-    return sorted({op for op, _ in STATE.kernels} | set(OPDEFS))
+    return sorted(STATE.kernels.keys() | set(OPDEFS))
 
 
 def _overload(name: str) -> Any:
@@ -133,7 +136,7 @@ def _overload(name: str) -> Any:
 
 
 def _recorded(name: str) -> dict[str, Recorded]:
-    return {key: seen for (op, key), seen in STATE.kernels.items() if op == name}
+    return STATE.kernels.get(name, {})
 
 
 def _kept(op: Any, opdef: Any, torch_owned: bool) -> Iterator[tuple[str, Any]]:
@@ -254,20 +257,21 @@ def _dispatcher_name(op: Any) -> str:
 
 
 def _torch_owned(op: Any, name: str) -> bool:
-    """Torch's own operator: in a namespace torch had when stableguards was loaded, and defined
-    by torch (in C++ or in its files), not by a ``custom_op``."""
+    """Torch's own operator: defined by torch (in C++, or in its files), or a ``custom_op`` of
+    torch's (its function is torch's code)."""
+    opdef = _custom_op_def(op)
+    if opdef is not None:
+        return _torchs(opdef._init_fn)
+    return op.namespace in _ALWAYS_TORCHS or _defined_by_torch(name)
+
+
+@functools.lru_cache(maxsize=4096)  # an operator's definition does not move
+def _defined_by_torch(name: str) -> bool:
     import torch
 
-    if op.namespace not in _TORCH_NAMESPACES() or _custom_op_def(op) is not None:
-        return False
     defined = torch._C._dispatch_dump(name).partition("debug: registered at ")[2].partition("\n")[0]
     where = registrations(f"Schema: registered at {defined} :: ")
     return bool(where) and (not where[0].from_python or where[0].file.startswith(_torch_dir()))
-
-
-@functools.cache
-def _TORCH_NAMESPACES() -> frozenset[str]:  # noqa: N802 - a constant, read once
-    return _ALWAYS_TORCHS | STATE.torch_namespaces
 
 
 @functools.cache
@@ -277,17 +281,9 @@ def _torch_dir() -> str:
     return os.path.dirname(torch.__file__) + os.sep
 
 
-def snapshot_namespaces() -> None:
-    """The operator namespaces torch has defined by now (called when the hooks go in, as
-    ``import torch`` loads stableguards, before any user code can define one)."""
-    import torch
-
-    STATE.torch_namespaces = frozenset(name.partition("::")[0] for name in torch._C._dispatch_get_all_op_names())
-
-
 # A custom operator's Python kernel, kept by torch in C++ only: recorded whatever the flag, as a
 # library registers its operators when it is imported, before a compile sets the flag.
 HOOKS = [Hook("torch.library", "Library.impl", None, _library_impl, params=("op_name", "fn", "dispatch_key"),
               records=True)]
 
-__all__ = ["HOOKS", "Opaque", "custom_operators", "is_custom", "kernels", "snapshot_namespaces"]
+__all__ = ["HOOKS", "Opaque", "custom_operators", "is_custom", "kernels"]

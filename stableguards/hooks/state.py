@@ -28,10 +28,9 @@ class ProcessState:
         self.installed: set[str] = set()
         self._pending: list[Callable[[], None]] = []
         self._after_import: dict[str, list[Callable[[Any], None]]] = {}
-        # Custom operators (hooks.operators): (operator, dispatch key) -> the Python kernel seen
-        # registered there (operators.Recorded), and the namespaces torch had at install.
-        self.kernels: dict[tuple[str, str], Any] = {}
-        self.torch_namespaces: frozenset[str] = frozenset()
+        # Custom operators (hooks.operators): operator -> dispatch key -> the Python kernel seen
+        # registered there (operators.Recorded).
+        self.kernels: dict[str, dict[str, Any]] = {}
 
     # --- hooks whose module was still importing at install --------------------------
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 from _drawing import draw
-from _warm_campaign import MUST_COMPILE, PER_PROCESS, UNOBSERVABLE, Case, Feature, cases, sources
+from _warm_campaign import MUST_COMPILE, PER_PROCESS, TORCH_STALE, UNOBSERVABLE, Case, Feature, cases, sources
 
 CHILD = Path(__file__).resolve().parent / "_warm_campaign_child.py"
 CASES = int(os.environ.get("STABLEGUARDS_WARM_CAMPAIGN_CASES", "10"))
@@ -111,8 +111,10 @@ def test_a_warm_process_is_never_served_stale_code(batch_index, tmp_path_factory
         print(f"{c.name}: {c.change_kind()} in {[f.kind for f in c.features]} under {c.ambient}: {runs}")
     print(on[1]["explain"])
     report = "see the captured output"
+    kinds = {case.name: case.change_kind() for case in batch}
     for label, run in zip(("on, cold", "on, warm", "off, cold", "off, warm"), (*on, *off)):
-        wrong = [name for name, result in run["cases"].items() if not result["matches"]]
+        wrong = [name for name, result in run["cases"].items() if not result["matches"]
+                 and not (label == "off, warm" and kinds[name] in TORCH_STALE)]
         assert not wrong, (label, wrong, report)
     assert not [run for run in on if "fallbacks" in run["explain"]], report  # no hook failed
     for case in batch:

@@ -64,8 +64,9 @@ from stableguards.warm_start.state import STATE
 
 _PACKAGE = "torch._dynamo.package"
 _AUTOGRAD_CACHE = "torch._functorch._aot_autograd.autograd_cache"
-# Bumped when what an entry holds changes meaning: older entries are then never found.
-_ENTRY_FORMAT = "4"
+# Bumped when what an entry holds changes meaning: older entries are then never found (5: the
+# proof holds custom operators' kernels and the hash seed, which an older entry never checked).
+_ENTRY_FORMAT = "5"
 
 
 @dataclasses.dataclass

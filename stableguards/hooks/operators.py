@@ -127,12 +127,30 @@ def _known_custom() -> list[str]:
     return sorted(STATE.kernels.keys() | set(OPDEFS))
 
 
-def _overload(name: str) -> Any:
+def path_of(op: Any) -> tuple[str, str, str | None]:
+    """Where another process finds ``op``: its namespace, name and overload (None for all of
+    them: an ``OpOverloadPacket``)."""
     import torch
 
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        namespace, _, name = op._qualified_op_name.partition("::")
+        return namespace, name, None
+    return op.namespace, op._schema.name.partition("::")[2], op._overloadname
+
+
+def operator_at(namespace: str, name: str, overload: str | None) -> Any:
+    """The operator at a ``path_of`` (AttributeError or RuntimeError where none is defined)."""
+    import torch
+
+    packet = getattr(getattr(torch.ops, namespace), name)
+    return packet if overload is None else getattr(packet, overload)
+
+
+def _overload(name: str) -> Any:
+    """The overload the dispatcher names ``ns::name`` or ``ns::name.overload``."""
     namespace, _, rest = name.partition("::")
     base, _, overload = rest.partition(".")
-    return getattr(getattr(getattr(torch.ops, namespace), base), overload or "default")
+    return operator_at(namespace, base, overload or "default")
 
 
 def _recorded(name: str) -> dict[str, Recorded]:
@@ -286,4 +304,4 @@ def _torch_dir() -> str:
 HOOKS = [Hook("torch.library", "Library.impl", None, _library_impl, params=("op_name", "fn", "dispatch_key"),
               records=True)]
 
-__all__ = ["HOOKS", "Opaque", "custom_operators", "is_custom", "kernels"]
+__all__ = ["HOOKS", "Opaque", "custom_operators", "is_custom", "kernels", "operator_at", "path_of"]

@@ -161,7 +161,7 @@ def live_proof(guard_manager: Any, builder: Any, sorted_guards: list, output_gra
     if SEED in traced.per_process:
         rechecks.append(Recheck(hash_seed()))
     called = {**traced.operators, **{str(op): op for op in operators.custom_operators(output_graph.graph)}}
-    rechecks += [Recheck(_operator_fact(op), _operator_path(op)) for _, op in sorted(called.items())]
+    rechecks += [Recheck(_operator_fact(op), operators.path_of(op)) for _, op in sorted(called.items())]
     return Proof(facts, tuple(dict.fromkeys(rechecks)), graph_params)
 
 
@@ -173,25 +173,11 @@ def _operator_fact(op: Any) -> Fact:
         raise Unprovable(str(why)) from None
 
 
-def _operator_path(op: Any) -> tuple[str, str, str | None]:
-    """Where the warm process finds the operator: its namespace, name and overload (None for
-    all of them: an ``OpOverloadPacket``)."""
-    import torch
-
-    if isinstance(op, torch._ops.OpOverloadPacket):
-        return op._qualified_op_name.partition("::")[0], op._qualified_op_name.partition("::")[2], None
-    return op.namespace, op._schema.name.partition("::")[2], op._overloadname
-
-
 def _operator_at(path: tuple[str, str, str | None]) -> Any:
-    import torch
-
-    namespace, name, overload = path
     try:
-        packet = getattr(getattr(torch.ops, namespace), name)
-        return packet if overload is None else getattr(packet, overload)
+        return operators.operator_at(*path)
     except (AttributeError, RuntimeError) as error:
-        raise Unprovable(f"operator {namespace}::{name} is not defined here ({error!r:.100})") from None
+        raise Unprovable(f"operator {path[0]}::{path[1]} is not defined here ({error!r:.100})") from None
 
 
 def _untraced_fact(fn: Any, label: str, sources: list[Any], value: Callable[[str], Any]) -> Fact:

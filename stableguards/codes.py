@@ -54,11 +54,14 @@ def _feed_code(digest: Any, code: types.CodeType) -> None:
             digest.update(stable_repr(const).encode())
 
 
+# (module, qualname, wrappers, co_consts indices, digest): where ``code_at`` finds a code object again.
+CodePath = tuple[str, str, int, tuple[int, ...], str]
+
 # How many decorators deep (``__wrapped__``) a function's code is looked for under its name.
 _MAX_WRAPPERS = 8
 
 
-def code_path(code: types.CodeType) -> tuple[str, str, int, tuple[int, ...], str] | None:
+def code_path(code: types.CodeType) -> CodePath | None:
     """Where a function's code lives: ``(module, qualname, wrappers, co_consts indices, digest)``.
 
     The function of that qualname (for a local function, the outermost
@@ -78,7 +81,7 @@ def code_path(code: types.CodeType) -> tuple[str, str, int, tuple[int, ...], str
     outer = qualname[: qualname.index(".<locals>.")] if ".<locals>." in qualname else qualname
     module = inspect.getmodule(code)
     if outer and module is not None and sys.modules.get(module.__name__) is module:
-        return _path_from(module.__name__, outer, code)
+        return _path_from(module.__name__, outer, code) or _path_by_attribute(module.__name__, outer, code)
     if not code.co_filename.startswith("<"):
         return None
     runners = (f for f in gc.get_referrers(code) if isinstance(f, types.FunctionType) and f.__code__ is code)
@@ -90,7 +93,7 @@ def code_path(code: types.CodeType) -> tuple[str, str, int, tuple[int, ...], str
     return None
 
 
-def _path_from(module: str, qualname: str, code: types.CodeType) -> tuple[str, str, int, tuple[int, ...], str] | None:
+def _path_from(module: str, qualname: str, code: types.CodeType) -> CodePath | None:
     try:
         fn = _unwrapped(resolve(module, qualname, unwrapped=True))
     except (AttributeError, KeyError):
@@ -104,6 +107,25 @@ def _path_from(module: str, qualname: str, code: types.CodeType) -> tuple[str, s
         fn = getattr(fn, "__wrapped__", None)
         if fn is None:
             return None
+    return None
+
+
+def _path_by_attribute(module: str, outer: str, code: types.CodeType) -> CodePath | None:
+    """The path of code whose qualname names no attribute: a lambda bound to a module global or
+    a class attribute (``scale = lambda t: ...``, qualname ``<lambda>``), found by the name
+    that holds it in its owner's namespace.  ``code_at`` checks the digest again in the
+    restarted process, so a name that holds other code there is a miss, not a stand-in."""
+    owner_name, _, _ = outer.rpartition(".")
+    try:
+        owner = resolve(module, owner_name) if owner_name else sys.modules[module]
+    except (AttributeError, KeyError):
+        return None
+    for name, value in sorted(vars(owner).items()):  # sorted: the first name is the same in every process
+        fn = _unwrapped(value)
+        if isinstance(fn, types.FunctionType) and getattr(fn.__code__, "co_qualname", None) == outer:
+            path = _path_from(module, f"{owner_name}.{name}" if owner_name else name, code)
+            if path is not None:
+                return path
     return None
 
 

@@ -71,7 +71,7 @@ FEATURES = ("module_global", "helper_constant", "helper_attribute", "function_re
             "mutable_closure", "default_arg", "dataclass_config", "dict_config", "env_branch", "constant_function",
             "module_hook", "global_module_hook", "checkpoint_policy", "break_then_view", "sum_of_terms",
             "guard_only", "held_state", "no_grad_helper", "custom_function", "decorated", "enum_member",
-            "custom_op", "str_hash", "set_order")
+            "custom_op", "str_hash", "set_order", "lambda_global", "namedtuple_default", "view_offset")
 # Changes torch itself serves stale with the flag off: its AOTAutograd key names a custom
 # operator, not its kernels (docs/warm_start.md).  The flag-off runs are not held to eager there.
 TORCH_STALE = {"custom_op"}
@@ -279,6 +279,21 @@ def _feature(p: _Program, case: Case, i: int, f: Feature, changed: bool) -> None
     elif kind == "break_then_view":  # the resumed graph may compute nothing: a view of its input
         p.main.append(f"K{i} = {b if changed else a}")
         p.steps += [f"y = y * K{i}", "torch._dynamo.graph_break()", "y = y.view_as(y)"]
+    elif kind == "lambda_global":  # a module-level lambda (its code has no qualname of its own)
+        p.main.append(f"ACT{i} = lambda t: t.{op_b if changed else op_a}() * {a}")
+        p.steps.append(f"y = ACT{i}(y)")
+    elif kind == "namedtuple_default":
+        # A namedtuple with a default, from another module: Dynamo inlines its __new__, made by
+        # eval in a namespace of its own.  Changed: the default (variant 0) or the field read (1).
+        p.helper.append(f"import collections\n\nPair{i} = collections.namedtuple('Pair{i}', ['lo', 'hi'], "
+                        f"defaults=[{b if changed and not f.variant else a}])")
+        p.steps.append(f"y = y * helper.Pair{i}({a * 2}).{'lo' if changed and f.variant else 'hi'}")
+    elif kind == "view_offset":
+        # After a graph break, a branch on a view's storage offset (the resumed frame takes the
+        # view).  Changed: where the view starts.
+        start = 2 if changed else 1
+        p.steps += [f"y = y[:, {start}:]", "torch._dynamo.graph_break()",
+                    f"y = y * {a} if y.storage_offset() == 1 else y * {b}"]
     elif kind == "held_state":
         # A global object holding a ContextVar (no guard reads it; pickle cannot save it) and a
         # dict subclass whose __setitem__ changes the key (pickle rebuilds it through that),

@@ -14,7 +14,7 @@ import os
 import random
 import threading
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, namedtuple
 from pathlib import Path
 
 import pytest
@@ -88,7 +88,8 @@ def warm_start_calls() -> None:
     each run in the saved graph: a kernel this process has not built yet, so inductor's C++
     build path is reached (once: the other graphs' kernels are built once per process).  An
     OrderedDict built again after the graph loads its module by an alias; a property's getter
-    compiled on its own is found through its property."""
+    compiled on its own is found through its property; a namedtuple's ``__new__`` reads its
+    globals through the function."""
 
     class Local:
         pass
@@ -126,8 +127,13 @@ def warm_start_calls() -> None:
         torch.testing.assert_close(got, x + random.random())
         torch.testing.assert_close(torch.compile(broken)(x), x.sin() * 3.0)
         torch.testing.assert_close(torch.compile(lambda t: t * _Getter().scale)(x), x * torch.ones(8).cos() * 2)
+        torch.testing.assert_close(torch.compile(lambda t: t * _Pair(1.0).hi)(x), x * 2.0)
         torch._dynamo.reset()
         WARM.forget_process()
+
+
+# A namedtuple with a default: Dynamo inlines its __new__, whose globals are a namespace of its own.
+_Pair = namedtuple("_Pair", ["lo", "hi"], defaults=[2.0])
 
 
 class _Held:

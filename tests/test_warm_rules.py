@@ -318,6 +318,27 @@ def test_hyperparameters_the_tree_checks_are_left_out_of_an_optimizers_identity(
     assert described(_sgd()) != identity(_sgd())
 
 
+def test_a_function_whose_globals_are_no_modules_is_described_by_what_they_hold():
+    """namedtuple's ``__new__`` runs in a namespace made for it; no name finds that namespace
+    in another process, so it is described by its contents (the interpreter's builtins by
+    name).  A namespace holding something else, or something with no identity, differs."""
+    import collections
+
+    def made(default, scope_extra=None):
+        pair = collections.namedtuple("Pair", ["lo", "hi"], defaults=[default])
+        if scope_extra is not None:
+            pair.__new__.__globals__.update(scope_extra)
+        return Identities().describe(pair.__new__)
+
+    assert made(3) is not None and made(3) == made(3)
+    assert made(3) != made(4)  # its defaults
+    assert made(3) != made(3, {"_tuple_new": list.__new__})  # what its namespace holds
+    assert made(3, {"opaque": types.SimpleNamespace()}) is None
+    ran = {}
+    exec("def g(x):\n    return x + 1", ran)  # exec puts the live builtins there
+    assert Identities().describe(ran["g"]).startswith("function:namespace#")
+
+
 def test_a_graphs_tensors_are_what_its_code_sees_and_which_of_them_share_a_storage():
     import torch
 

@@ -169,6 +169,29 @@ def test_a_functions_code_is_found_again_by_its_path():
         code_at(module, "_no_such_function", wrappers, indices, digest)
 
 
+_doubled = lambda t: t * 2  # noqa: E731 - a module-level lambda is the case
+_tripled = lambda t: t * 3  # noqa: E731
+
+
+class _WithLambda:
+    scaled = lambda self, t: t * 4  # noqa: E731
+
+
+def test_a_lambdas_code_is_found_by_the_name_that_holds_it():
+    """A lambda's qualname (``<lambda>``) names no attribute: its code is found by the global
+    or class attribute that holds it, and the same qualname in two globals finds each its own."""
+    from stableguards.codes import code_at, code_path
+
+    for fn in (_doubled, _tripled, _WithLambda.scaled):
+        path = code_path(fn.__code__)
+        assert path is not None and code_at(*path) is fn.__code__
+    assert code_path(_tripled.__code__)[1] == "_tripled" and code_path(_WithLambda.scaled.__code__)[1] == \
+        "_WithLambda.scaled"
+    module, _, wrappers, indices, digest = code_path(_doubled.__code__)
+    with pytest.raises(RuntimeError, match="changed"):  # that name holds other code now
+        code_at(module, "_tripled", wrappers, indices, digest)
+
+
 class _Held:
     @property
     def scale(self):

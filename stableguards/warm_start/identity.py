@@ -57,6 +57,7 @@ Everything here is plain Python; the hook layer hands it the objects.
 
 from __future__ import annotations
 
+import builtins
 import enum
 import functools
 import sys
@@ -101,7 +102,8 @@ COVERS = {
                "and torch's by the entry's key)",
     "code": "the bytecode, names, constants and nested code",
     "function": "its code, defaults, keyword defaults, what its closure holds (by these rules) and the module "
-                "whose globals it reads; each global it reads Dynamo guards where it reads it",
+                "whose globals it reads (globals that are no module's: all they hold, by these rules); each "
+                "global it reads Dynamo guards where it reads it",
     "hooked": "the function stableguards' hook wraps, and the hook",
     "class": "its import name, MRO and every function-like attribute along it (an Enum's members and values "
              "too); a value read from it Dynamo guards where it reads it",
@@ -301,7 +303,12 @@ class Identities:
             return None if inner is None else f"hooked:{hook.module}.{hook.target}({hook.part}):{inner}"
         home = module_of_globals(fn.__globals__)
         if home is None:
-            return None  # globals that are not a module's: nothing names them in another process
+            # Globals that are no module's: a namespace made for the function (namedtuple's
+            # __new__, code exec'd into a fresh dict).  No name finds it in another process, so
+            # it is described by what it holds, which is all the function's globals can read.
+            home = self._namespace(fn.__globals__)
+            if home is None:
+                return None
         cells = []
         for cell in fn.__closure__ or ():
             try:
@@ -313,6 +320,15 @@ class Identities:
             return None
         details = f"{code_digest(fn.__code__)}:defaults={parts[0]}:kwdefaults={parts[1]}:closure={parts[2]}"
         return f"function:{home}.{fn.__qualname__}#{_digest(details)}"
+
+    def _namespace(self, scope: dict) -> str | None:
+        held = {k: v for k, v in scope.items()
+                if k != "__builtins__" or not (v is builtins or v is vars(builtins))}
+        described = self.describe(held)
+        if described is None:
+            return None
+        # exec() puts the interpreter's builtins there: that, by name (its code is the interpreter's).
+        return f"namespace#{_digest(described + (':builtins' if len(held) < len(scope) else ''))}"
 
     def optimizer(self, optimizer: Any, guarded: Callable[[int, str], bool]) -> str | None:
         """An optimizer at a source whose guard tree checks some of its hyperparameters there:

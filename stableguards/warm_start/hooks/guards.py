@@ -302,6 +302,25 @@ def _module_by_alias(call: Any, self: Any, prefix: str, value: Any) -> str:
     return self.root_tx.import_source(value.__name__).global_name
 
 
+def _globals_through_function(call: Any, self: Any, name: str) -> Any:
+    """A global an inlined function reads from a namespace that is no module's (namedtuple's
+    ``__new__``, code exec'd into a fresh dict): torch reaches that namespace through a global
+    it installs under the dict's id in this process, which a restarted process lacks.  For a
+    compile of ours, where the function was reached along a source, the namespace is reached
+    along that function's ``__globals__`` instead: the guards check the same dict, at a source
+    a restarted process has."""
+    from torch._dynamo import symbolic_convert
+    from torch._dynamo.source import AttrSource, DictGetItemSource
+
+    source = getattr(getattr(self, "funcvar", None), "source", None)
+    if STATE.traced.get() is None or source is None \
+            or symbolic_convert._registered_module_for_globals(self.f_globals.get("__name__"), self.f_globals):
+        return call(self, name)
+    globals_source = AttrSource(source, "__globals__")
+    fglobals_vt = symbolic_convert.VariableBuilder(self, globals_source)(self.f_globals)
+    return self.f_globals, fglobals_vt, DictGetItemSource(globals_source, name)  # no module: never stdlib's
+
+
 def _record_constant(call: Any, tx: Any, fn: Any, name: str, args: Any, kwargs: Any) -> Any:
     """An ``assume_constant_result`` function called while tracing for a saved entry: its
     result is a fact of the entry (``warm_start.facts.CONSTANT_RESULT``)."""
@@ -435,6 +454,13 @@ def _reduce_code(call: Any, self: Any, obj: Any) -> Any:
         # first call (ID_ON_FIRST_CALL).
         return _new_object, (type(obj),), vars(obj), None, None, _set_attributes
     reduced = call(self, obj)
+    if STATE.frame.get() is not None and isinstance(reduced, tuple) \
+            and getattr(reduced[0], "__name__", None) == "_unpickle_tensor":
+        # torch saves a tensor as ``empty_like`` on meta, which drops a view's storage offset (and
+        # a non-dense tensor's strides): a guard rebuilt on it (``L['y'].storage_offset() == 2``)
+        # would check 0 in every process.  The saved tensor keeps the live one's layout.
+        unpickle, (meta, *rest) = reduced
+        return _strided_tensor, (unpickle, meta, tuple(obj.stride()), obj.storage_offset(), *rest)
     if reduced is not NotImplemented or STATE.frame.get() is None:
         return reduced  # torch's own reduction, a pruned value's included
     if _rebuilt_through_its_setitem(obj):
@@ -495,6 +521,16 @@ def _set_items_and_attributes(obj: dict, state: tuple[list, dict]) -> None:
     dict.update(obj, items)
     if attributes:
         obj.__dict__.update(attributes)
+
+
+def _strided_tensor(unpickle: Any, meta: Any, stride: tuple[int, ...], offset: int, *rest: Any) -> Any:
+    """torch's saved tensor (``_reduce_code``), on a meta tensor with the saved strides and offset."""
+    import torch
+
+    extent = 1 + sum((size - 1) * step for size, step in zip(meta.shape, stride)) if meta.numel() else 0
+    base = torch.empty(offset + extent, dtype=meta.dtype, device="meta", requires_grad=False)
+    laid_out = base.as_strided(meta.shape, stride, offset).detach().requires_grad_(meta.requires_grad)
+    return unpickle(laid_out, *rest)
 
 
 def _new_object(cls: type) -> Any:
@@ -629,6 +665,8 @@ HOOKS = [
          params=("guards_state", "target_code", "runtime_global_scope")),
     Hook("torch._dynamo.output_graph", "OutputGraph.install_global_by_id", "warm_start", _module_by_alias,
          params=("prefix", "value")),
+    Hook("torch._dynamo.symbolic_convert", "InliningInstructionTranslator.get_globals_source_and_value", "warm_start",
+         _globals_through_function, params=("name",)),
     Hook("torch._dynamo.output_graph", "OutputGraph.install_resume_function_global", "warm_start",
          _record_resume, params=("name",)),
     # assume_constant_result calls (builtin.py imports it from here when called).  nn_module's

@@ -492,13 +492,14 @@ def _builtins_read(functions: list[tuple[Any, dict]], copies: dict[int, str]) ->
     where the tree checks it, which is where a restarted process finds it."""
     by_module: dict[str, set[str]] = {}
     for code, scope in functions:
+        names = builtins_read(code, scope)
+        if not names:  # namedtuple's __new__ reads only what its own namespace holds
+            continue
         module = module_of_globals(scope) or copies.get(id(scope))
         if module is None:
             raise Unprovable(f"{code.co_qualname} ({code.co_filename}) reads globals that are no module's: the "
-                             f"builtins it reads cannot be checked in another process")
-        names = builtins_read(code, scope)
-        if names:
-            by_module.setdefault(module, set()).update(names)
+                             f"builtins it reads ({', '.join(sorted(names))}) cannot be checked in another process")
+        by_module.setdefault(module, set()).update(names)
     return sorted(by_module.items())
 
 

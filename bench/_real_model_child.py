@@ -99,7 +99,7 @@ _FAMILY = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_a
                num_key_value_heads=2, vocab_size=128, max_position_embeddings=64, bos_token_id=0, eos_token_id=0,
                pad_token_id=0, decoder_start_token_id=0)
 _FAMILY_EXTRA = {"gemma": dict(head_dim=16), "opt": dict(ffn_dim=128, word_embed_proj_dim=64),
-                 "t5": dict(d_ff=128, d_kv=16),
+                 "t5": dict(d_ff=128, d_kv=16, num_decoder_layers=2),
                  "bart": dict(encoder_layers=2, decoder_layers=2, d_model=64, encoder_ffn_dim=128,
                               decoder_ffn_dim=128, encoder_attention_heads=4, decoder_attention_heads=4)}
 FAMILIES = ("qwen2", "mistral", "phi3", "gemma", "falcon", "opt", "gpt_neox", "bart", "t5")
@@ -144,6 +144,22 @@ def generate():
         with torch.no_grad():
             return [model.generate(_ids(8), max_new_tokens=4, do_sample=False, min_new_tokens=4).float()]
     return lambda: run(compiled), lambda: run(forward)
+
+
+def generate_seq2seq(model_type: str):
+    """An encoder-decoder model's ``generate`` (T5, BART), 4 new tokens greedily, the forward
+    compiled: its decoder's cache deep-copies the config on every step."""
+    def workload():
+        model = _family(model_type)().eval()
+        forward = model.forward
+        compiled = torch.compile(forward)
+
+        def run(fn):
+            model.forward = fn
+            with torch.no_grad():
+                return [model.generate(_ids(8), max_new_tokens=4, do_sample=False, min_new_tokens=4).float()]
+        return lambda: run(compiled), lambda: run(forward)
+    return workload
 
 
 def bert_kwargs():
@@ -269,7 +285,8 @@ WORKLOADS = {"gpt2": infer(_gpt2), "llama": infer(_llama), "llama_generate": gen
              "gpt2_train": train(_gpt2),
              "llama_checkpointed_train": train(_llama, checkpointed=True, optimizer="AdamW"),
              "gpt2_compiled_autograd": gpt2_compiled_autograd, "custom_train": custom_train,
-             **{family: infer(_family(family), seq2seq=family in _SEQ2SEQ) for family in FAMILIES}}
+             **{family: infer(_family(family), seq2seq=family in _SEQ2SEQ) for family in FAMILIES},
+             **{f"{family}_generate": generate_seq2seq(family) for family in _SEQ2SEQ}}
 
 
 def main(name: str) -> dict:

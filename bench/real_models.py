@@ -17,10 +17,12 @@ process, then a warm one on the same new cache dir.  Columns:
     python bench/real_models.py                          # every workload
     python bench/real_models.py --workloads gpt2 custom_train
     python bench/real_models.py --new-machine            # warm on another machine, one shared store
-    python bench/real_models.py --workloads qwen2 mistral phi3 gemma falcon opt gpt_neox bart t5
+    python bench/real_models.py --workloads qwen2 mistral phi3 gemma falcon opt gpt_neox bart t5 \
+        bart_generate t5_generate
 
 The last line runs inference (8, 12, 16 tokens) on other families of transformers models, each
-built from a tiny config of one shape (``FAMILIES``); not run by default.
+built from a tiny config of one shape (``FAMILIES``), and T5's and BART's ``generate``; not run
+by default.
 
 With ``--new-machine`` the warm process has an empty cache dir of its own and both name one
 shared store (``STABLEGUARDS_STORE``, a directory): flag off (torch alone: nothing is shared), on
@@ -45,7 +47,8 @@ HERE = Path(__file__).resolve().parent
 WORKLOADS = ("gpt2", "llama", "llama_generate", "bert_kwargs", "gpt2_train", "llama_checkpointed_train",
              "gpt2_compiled_autograd", "custom_train")
 # Other transformers families (bench/_real_model_child.py's), named with --workloads.
-FAMILIES = ("qwen2", "mistral", "phi3", "gemma", "falcon", "opt", "gpt_neox", "bart", "t5")
+FAMILIES = ("qwen2", "mistral", "phi3", "gemma", "falcon", "opt", "gpt_neox", "bart", "t5", "bart_generate",
+            "t5_generate")
 # config: (flag, job id, extra environment)
 CONFIGS = {"off": ("0", None, {}), "off+job": ("0", "bench", {}), "on": ("1", None, {})}
 NEW_MACHINE_CONFIGS = {"off": ("0", None, {}), "on, no warm start": ("1", None, {"STABLEGUARDS_DISABLE": "warm_start"}),

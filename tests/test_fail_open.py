@@ -146,8 +146,8 @@ _HELD = _Held()
 def warm_start_folds() -> None:
     """Compiles for saved entries that fold values which differ between processes: a string's
     hash and a set constant iterated (the hash seed), a set's repr, an object's default repr
-    and hash, an id's repr, a random generator's state (each leaves its entry out, or is a
-    fact of it)."""
+    and hash, an id's repr and an id as a key and as a number, a random generator's state
+    (each leaves its entry out, or is a fact of it)."""
 
     def folded(t):
         for word in {"alpha", "beta", "gamma"}:
@@ -158,6 +158,10 @@ def warm_start_folds() -> None:
     def addressed(t):
         return t + len(repr(_HELD)) + len(str(hash(_HELD)))
 
+    def keyed(t):  # an id as a memo key (copy.deepcopy's), and one read as a number
+        memo = {id(_HELD): 2.0}
+        return t * memo[id(_HELD)] + id(_HELD) % 7
+
     def shuffled(t):
         order = [1.0, 2.0, 3.0]
         random.shuffle(order)
@@ -166,6 +170,7 @@ def warm_start_folds() -> None:
     x = torch.randn(4)
     torch.testing.assert_close(torch.compile(folded)(x), folded(x))
     torch.testing.assert_close(torch.compile(addressed)(x), addressed(x))
+    torch.testing.assert_close(torch.compile(keyed)(x), keyed(x))
     # Dynamo replays the generator's state, and folds the id of an object of its own: not eager's.
     assert torch.compile(shuffled)(x).shape == x.shape
     torch._dynamo.reset()

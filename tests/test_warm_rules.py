@@ -174,9 +174,9 @@ def test_identity_has_no_answer_where_nothing_names_the_object_elsewhere():
     assert identity(object()) == "object()"  # a sentinel: nothing but its identity
     assert identity(types.SimpleNamespace()) is None
     assert identity(_make(types.SimpleNamespace())) is None  # a closure over an object with no identity
-    exec_globals: dict = {}
+    exec_globals: dict = {"held": types.SimpleNamespace()}
     exec("def f(t):\n    return t\n", exec_globals)
-    assert identity(exec_globals["f"]) is None  # globals that are no module's
+    assert identity(exec_globals["f"]) is None  # globals that are no module's, holding what has no identity
 
 
 def test_a_class_is_its_methods_along_its_mro():
@@ -278,8 +278,10 @@ def test_an_id_check_bound_on_first_call_checks_that_object_while_it_lives():
     assert binding.passes(first) and not binding.passes(second)
     del first
     assert not binding.passes(second) and not binding.bind(second)  # the object it checked is gone
-    with pytest.raises(TypeError):
-        Binding().bind(torch.Size([2]))  # no weak reference: the caller refuses the proof
+    held, other = {"a": 1}, {"a": 1}  # no weak reference (a dict whose id was a memo key): held
+    binding = Binding()
+    assert binding.bind(held) and binding.passes(held) and not binding.passes(other)
+    assert Binding().bind(torch.Size([2]))
 
 
 def test_which_sources_hold_one_optimizer_is_part_of_their_facts():
@@ -292,7 +294,7 @@ def test_which_sources_hold_one_optimizer_is_part_of_their_facts():
         scope = {"L['a']": a, "L['b']": b, "G['f']": _double}
         checks = tuple(Fact(source, "ID_MATCH", f"___check_obj_id({source}, <{identity(obj)}>)")
                        for source, obj in scope.items())
-        return one_object(checks, scope.__getitem__, by_state)
+        return one_object(checks, scope.__getitem__, lambda source, obj: by_state(obj))
 
     shared, apart = facts(one, one), facts(one, other)
     assert shared[0].claim.startswith("(one object at L['a'], L['b']) ___check") and shared[2] == apart[2]

@@ -169,9 +169,10 @@ def fact(source: str, kind: str, parts: Iterable[str], *, value: Callable[[], An
 
 
 def one_object(facts: tuple[Fact, ...], value: Callable[[str], Any],
-               by_state: Callable[[Any], bool]) -> tuple[Fact, ...]:
-    """The id checks on objects whose identity is their state (an optimizer), each saying
-    which other sources hold the same object.
+               by_state: Callable[[str, Any], bool]) -> tuple[Fact, ...]:
+    """The id checks on objects whose identity is their state (``by_state(source, obj)``: an
+    optimizer, an object whose id was only a key), each saying which other sources hold the
+    same object.
 
     Two sources that held one optimizer were one object to the compile (a
     mutation through one is seen through the other); their id checks, bound
@@ -185,7 +186,7 @@ def one_object(facts: tuple[Fact, ...], value: Callable[[str], Any],
                 obj = value(f.source)
             except Unprovable:
                 continue
-            if by_state(obj):
+            if by_state(f.source, obj):
                 sources.setdefault(id(obj), set()).add(f.source)
     shared = {source: group for group in sources.values() if len(group) > 1 for source in group}
     return tuple(Fact(f.source, f.kind, f"(one object at {', '.join(sorted(shared[f.source]))}) {f.claim}")

@@ -67,6 +67,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stableguards.codes import code_digest, qualified, resolve
+from stableguards.warm_start import fx_home
 from stableguards.components import digest_text
 
 # Types whose repr is their whole value in every process, by qualified name.
@@ -119,6 +120,8 @@ COVERS = {
     "tensor": "dtype, shape, strides, storage offset, device, requires_grad, leaf-ness and dispatch keys "
               "(bound on the entry's first call)",
     "object()": "a bare sentinel: only compared by identity within one process",
+    "contents": "its class and everything its __dict__ holds, by these rules (an object whose id the trace "
+                "used only as a key, bound on the entry's first call)",
     **{name: "its value" for name in ("NoneType", "bool", "int", "float", "complex", "str", "bytes", "ellipsis",
                                       "NotImplementedType", "tuple", "list", "frozenset", "set", "dict")},
 }
@@ -302,13 +305,14 @@ class Identities:
             inner = self.describe(getattr(fn, "__wrapped__", None))
             return None if inner is None else f"hooked:{hook.module}.{hook.target}({hook.part}):{inner}"
         home = module_of_globals(fn.__globals__)
-        if home is None:
+        if home is None and not fn.__code__.co_filename.startswith(fx_home.FILE_PREFIX):
             # Globals that are no module's: a namespace made for the function (namedtuple's
             # __new__, code exec'd into a fresh dict).  No name finds it in another process, so
             # it is described by what it holds, which is all the function's globals can read.
+            # (torch.fx's graph code is given a home module of its own: warm_start.fx_home.)
             home = self._namespace(fn.__globals__)
-            if home is None:
-                return None
+        if home is None:
+            return None
         cells = []
         for cell in fn.__closure__ or ():
             try:
@@ -329,6 +333,16 @@ class Identities:
             return None
         # exec() puts the interpreter's builtins there: that, by name (its code is the interpreter's).
         return f"namespace#{_digest(described + (':builtins' if len(held) < len(scope) else ''))}"
+
+    def contents(self, obj: Any) -> str | None:
+        """An object with no identity of its own, by its class and what its ``__dict__`` holds
+        (by these rules): for an object whose id check is bound on its entry's first call
+        because the trace used its id only as a key, never to stand for one by name."""
+        state = getattr(obj, "__dict__", None)
+        if type(state) is not dict or getattr(type(obj), "__slots__", ()):
+            return None  # state outside __dict__ (slots, a C type's fields) would go unsaid
+        parts = self._all((type(obj), state))
+        return None if parts is None else f"contents:{parts[0]}:{parts[1]}"
 
     def optimizer(self, optimizer: Any, guarded: Callable[[int, str], bool]) -> str | None:
         """An optimizer at a source whose guard tree checks some of its hyperparameters there:

@@ -109,12 +109,19 @@ class Binding:
 
     def __init__(self) -> None:
         self.token = next(self._tokens)
-        self._ref: weakref.ref | None = None
+        self._ref: Callable[[], Any] | None = None  # a weak reference, or a holder
+        # The source it checks, where its check sits on an ancestor's guard manager (a dict's
+        # takes no lambda guard: hooks.guards._add_bound_check); None: the check's own.
+        self.at: str | None = None
 
     def bind(self, obj: Any) -> bool:
-        """Bind to ``obj`` unless bound; whether it now checks ``obj``."""
+        """Bind to ``obj`` unless bound; whether it now checks ``obj``.  One with no weak
+        reference (a dict whose id was a memo key) is held, as the entry holds its graph."""
         if self._ref is None:
-            self._ref = weakref.ref(obj)
+            try:
+                self._ref = weakref.ref(obj)
+            except TypeError:
+                self._ref = lambda: obj  # type: ignore[assignment]
         return self._ref() is obj
 
     @property

@@ -13,6 +13,10 @@ constants, with no guard (torch 2.15, read in ``variables/builtin.py``,
   and a set's repr (``tp_repr_impl``);
 * an object's default repr (``... at 0x7f...``) and anything made from an id
   (``FakeIdVariable``);
+* ``id()`` of an object the frame reaches (``BuiltinVariable.call_id``): its
+  address, a constant behind an id check.  Where the trace only hashes it and
+  compares it with other ids (``copy.deepcopy``'s memo), it stands for "this
+  object", not a number (``memo_key``);
 * a random generator's state (``RandomVariable``): copied from a live one
   (``random.shuffle``) or drawn from the OS (an unseeded ``random.Random()``),
   and replayed by the compiled code.
@@ -28,6 +32,8 @@ or a generator's state leaves the entry out, named.
 
 from __future__ import annotations
 
+import contextvars
+import functools
 from typing import Any
 
 from stableguards.hooks.core import Hook
@@ -113,6 +119,82 @@ def _id_repr(call: Any, self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
     return call(self, tx, *args, **kwargs)
 
 
+def _id(call: Any, self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
+    """``id(x)`` of an object the frame reaches, folded to its address: a memo key (``memo_key``)."""
+    result = call(self, tx, *args, **kwargs)
+    traced = STATE.traced.get()
+    source = getattr(args[0], "source", None) if len(args) == 1 else None
+    if traced is None or type(result).__name__ != "ConstantVariable" or type(result.value) is not int:
+        return result
+    if source is not None:
+        traced.memo_keys.add(source.name)
+    return memo_key(result.value, f"id({source.name if source is not None else type(args[0]).__name__})")
+
+
+@functools.cache
+def _memo_key_class() -> type:
+    from torch._dynamo.variables.constant import ConstantVariable, FakeIdVariable
+
+    class MemoKey(ConstantVariable):
+        """An address Dynamo folded for ``id(x)``, as torch's constant, that notes any use of it
+        but as a key: hashed (``hash_impl``), or compared for equality with another id (its own
+        kind or a ``FakeIdVariable``).  Any other read of its value (arithmetic, a repr, a
+        comparison with a number, the compiled code loading it) makes what the trace computed
+        depend on the address, and is noted (``facts.ADDRESS``): the entry is left out.  A
+        key's use depends only on which objects are one, which the proof compares
+        (``guard_rules.one_object``)."""
+
+        _nonvar_fields = {"what", *ConstantVariable._nonvar_fields}
+
+        def __init__(self, value: Any = None, *, what: str = "id()", **kwargs: Any) -> None:
+            self.what = what
+            super().__init__(value, **kwargs)
+
+        @property
+        def value(self) -> int:
+            if not _AS_KEY.get():
+                _note(f"{self.what}, read as a number", ADDRESS)
+            return self.__dict__["_address"]
+
+        @value.setter
+        def value(self, value: int) -> None:
+            self.__dict__["_address"] = value
+
+        def clone(self, **kwargs: Any) -> Any:
+            return MemoKey(self.__dict__["_address"], what=self.what, **{"source": self.source, **kwargs})
+
+        def hash_impl(self, tx: Any) -> tuple[int, bool]:
+            token = _AS_KEY.set(True)
+            try:
+                return super().hash_impl(tx)
+            finally:
+                _AS_KEY.reset(token)
+
+        def python_type(self) -> type:
+            return int
+
+        def get_real_python_backed_value(self) -> object:
+            """For ``is``, which a key lookup tries before ``==``: true only of one int object."""
+            return self.__dict__["_address"]
+
+        def tp_richcompare_impl(self, tx: Any, other: Any, op: str) -> Any:
+            if op in ("__eq__", "__ne__") and isinstance(other, (MemoKey, FakeIdVariable)):
+                same = self.__dict__["_address"] == (other.__dict__["_address"] if isinstance(other, MemoKey)
+                                                     else other.value)
+                return ConstantVariable.create(same == (op == "__eq__"))
+            return super().tp_richcompare_impl(tx, other, op)
+
+    return MemoKey
+
+
+def memo_key(address: int, what: str) -> Any:
+    """``id(x)`` folded while tracing for a saved entry (``_id``), as a ``MemoKey``."""
+    return _memo_key_class()(address, what=what)
+
+
+_AS_KEY: contextvars.ContextVar[bool] = contextvars.ContextVar("stableguards_as_key", default=False)
+
+
 def _random_state(call: Any, self: Any, rand: Any = None, seed: Any = None, *args: Any, **kwargs: Any) -> None:
     """A random generator whose state the compiled code replays: one copied from a live
     generator, or an unseeded one (seeded from the OS).  A constant seed is the program's."""
@@ -132,6 +214,7 @@ HOOKS = [
          params=("tx",)),
     Hook(f"{_VARIABLES}.constant", "FakeIdVariable.tp_repr_impl", "warm_start", _id_repr, params=("tx",)),
     Hook(f"{_VARIABLES}.misc", "RandomVariable.__init__", "warm_start", _random_state, params=("rand", "seed")),
+    Hook(f"{_VARIABLES}.builtin", "BuiltinVariable.call_id", "warm_start", _id, params=("tx",)),
 ]
 
 __all__ = ["HOOKS", "SEED"]

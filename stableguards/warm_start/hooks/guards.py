@@ -74,7 +74,8 @@ def _serialize_guards(call: Any, self: Any, builder: Any, sorted_guards: list, o
     traced = STATE.traced.get() or proofs.Traced()
     bound, versioned = _graph_tensors(traced, sorted_guards)
     versioned |= _empty_dicts(builder, sorted_guards)
-    replacements = {id(guard): _replacement(guard, builder, bound, versioned, traced.graph_tensors)
+    # An object whose id the trace used only as a key is bound on the first call, as a graph's tensor is.
+    replacements = {id(guard): _replacement(guard, builder, bound | traced.memo_keys, versioned, traced.graph_tensors)
                     for guard in sorted_guards}
     alive = _alive_by_binding(sorted_guards, builder, replacements, output_graph)
     if unrestored := _unrestored(output_graph, alive.values()):
@@ -566,7 +567,8 @@ def _replacement(guard: Any, builder: Any, bound: frozenset[str], versioned: fro
 
     An id check is bound on the entry's first call (``ID_ON_FIRST_CALL``) on an object
     whose identity is its state (``identity.by_state``: an optimizer), on a tensor a graph
-    takes (at a source in ``bound``: ``graph_params``, given the bound tensor), and on a
+    takes and an object whose id the trace used only as a key (at a source in ``bound``:
+    ``graph_params``, given the bound tensor; ``folds.memo_key``), and on a
     tensor no graph of the compile holds (ids ``held``): a parameter whose grad an
     optimizer hook reads.  Compiled code sees no more of such a tensor than its metadata
     (its values are read when it runs).  A tensor a graph holds under another source stays
@@ -640,10 +642,25 @@ def VERSION_ON_FIRST_CALL(builder: Any, guard: Any) -> None:  # noqa: N802 - nam
 
 def _add_bound_check(builder: Any, guard: Any, binding: Binding, code: str) -> None:
     """A check bound on the entry's first call: one string literal (torch evaluates a failed
-    guard's code parts to name it), found again by its token when the proof binds it."""
+    guard's code parts to name it), found again by its token when the proof binds it.
+
+    A dict's guard manager takes no lambda guard: the check on a dict sits on its nearest
+    ancestor that is not one, reading the dict along the source's attribute and item
+    accesses from there (``binding.at`` names the dict's source for the proof)."""
     STATE.bindings[binding.token] = binding
     text = f"{FIRST_CALL}{binding.token}: {code}"
-    builder.get_guard_manager(guard).add_lambda_guard(binding.passes, [repr(text)], guard.user_stack)
+    manager, source, check = builder.get_guard_manager(guard), guard.originating_source, binding.passes
+    if type(manager).__name__ == "DictGuardManager":
+        base = source
+        while type(manager).__name__ == "DictGuardManager":
+            base = getattr(base, "base", None)
+            if base is None or not source.name.startswith(base.name):
+                raise NotImplementedError(f"no guard manager above {source.name} takes a check")
+            manager = builder.get_guard_manager_from_source(base)
+        read = eval(f"lambda obj: obj{source.name[len(base.name):]}")  # noqa: S307 - a source's own text
+        binding.at = source.name
+        check = lambda obj: binding.passes(read(obj))  # noqa: E731
+    manager.add_lambda_guard(check, [repr(text)], guard.user_stack)
 
 
 _REPLACEMENTS = {"MODULE_MATCH": MODULE_BY_NAME, "CLASS_MATCH": CLASS_BY_NAME, "CLOSURE_MATCH": CLOSURE_BY_NAME,

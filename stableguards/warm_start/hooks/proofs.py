@@ -104,6 +104,9 @@ class Traced:
     # What values the trace folded depend on (facts.SEED, facts.ADDRESS) -> the first such value.
     per_process: dict[str, str] = field(default_factory=dict)
     hash_ordered: dict[str, str] = field(default_factory=dict)  # set constants in hash order, likewise
+    # Sources whose object's id the trace folded and used only as a key (folds.memo_key): their id
+    # checks are bound on the entry's first call.
+    memo_keys: set[str] = field(default_factory=set)
 
     def inline(self, code: Any, scope: dict, arguments: dict[str, Any]) -> None:
         """A function inlined, with its globals and its arguments (VariableTrackers)."""
@@ -139,7 +142,7 @@ def live_proof(guard_manager: Any, builder: Any, sorted_guards: list, output_gra
                          for backend, sources in traced.graph_params.items() if sources is not None)
     bound = _Bound(graph_params, value, tree, first_call, versioned)
     facts = tuple(one_object(tuple(_fact(leaf, value, identities, state, bound, cold=True) for leaf in tree),
-                             value, _bound_on_first_call))
+                             value, bound.bound_here))
     rechecks = [Recheck(global_module_hooks(sys.modules[_NN_MODULE], identities))]
     rechecks += [Recheck(module_hooks(value(source), source, identities))
                  for source in _module_sources(tree)]
@@ -264,8 +267,9 @@ def _check(proof: Proof, loaded: Any, guards_state: Any, value: Callable[[str], 
     identities = Identities()
     state = _TracedState(guards_state.output_graph.torch_function_mode_stack)
     tree = list(leaves(loaded.root))
-    bound = _Bound(proof.graph_params, value, tree, made=made)
-    warm = one_object(tuple(_warm_facts(tree, value, identities, state, bound)), value, _bound_on_first_call)
+    first_call = frozenset(at for leaf in tree if (at := _first_call_source(leaf)) is not None)
+    bound = _Bound(proof.graph_params, value, tree, first_call, made=made)
+    warm = one_object(tuple(_warm_facts(tree, value, identities, state, bound)), value, bound.bound_here)
     return check(proof, warm, (lambda item: _recheck(item, value, identities)) if rewrite else (lambda item: item.fact))
 
 
@@ -314,8 +318,16 @@ class _Bound:
         def describe(obj: Any) -> str | None:
             if first_call and (tensor := graph_tensor(obj)) is not None:
                 return tensor
-            return identities.optimizer(obj, guarded) if by_state(obj) else identities(obj)
+            if by_state(obj):
+                return identities.optimizer(obj, guarded)
+            # Bound on the first call, an object with no identity of its own (its id a memo key:
+            # folds.memo_key) is described by its class and what it holds.
+            return identities(obj) or (identities.contents(obj) if first_call else None)
         return describe
+
+    def bound_here(self, source: str, obj: Any) -> bool:
+        """Whether the id check at ``source`` is bound on the entry's first call (``one_object``)."""
+        return source in self.first_call or _bound_on_first_call(obj)
 
     def holds(self, obj: Any) -> bool:
         """Whether ``obj`` is a tensor some graph of the entry takes, on this call."""
@@ -383,6 +395,14 @@ def _first_call_text(code: str) -> str | None:
     return None
 
 
+def _first_call_source(leaf: Leaf) -> str | None:
+    """The source a loaded check bound on its entry's first call checks, or None."""
+    if leaf.kind != "LAMBDA_GUARD" or (text := _first_call_text(code_of(leaf.parts))) is None:
+        return None
+    binding = STATE.bindings.get(int(text.removeprefix(FIRST_CALL).partition(": ")[0]))
+    return (binding.at if binding is not None else None) or leaf.source
+
+
 def _first_call_fact(source: str, text: str, value: Callable[[str], Any], described: Callable[[Any], str | None],
                      bound: _Bound, identities: Identities) -> Fact:
     """A loaded check bound on its entry's first call (``guards.ID_ON_FIRST_CALL``,
@@ -391,10 +411,11 @@ def _first_call_fact(source: str, text: str, value: Callable[[str], Any], descri
     compares what that object is with the cold one; if it differs, the entry never serves."""
     token, _, template = text.removeprefix(FIRST_CALL).partition(": ")
     binding = STATE.bindings.get(int(token))
+    source = (binding.at if binding is not None else None) or source
     obj = value(source)
     try:
         bound_here = binding is not None and _bind(binding, obj, bound.made)
-    except TypeError:  # no weak reference to it, or no version
+    except TypeError:  # no version
         bound_here = False
     if not bound_here:
         raise Unprovable(f"{source}: its check is bound to another object")

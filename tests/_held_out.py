@@ -74,4 +74,20 @@ SCENARIOS = [
              "2.0", "3.0"),
     Scenario("str_of_member", "class Mode(enum.Enum):\n    FAST = 'fast'\n    {v} = 'slow'\n\n\n"
                               "def fn(x):\n    return x * len(str(Mode('slow')))\n", "SLOW", "SLOWER"),
+    # Against the memo-key rule, the namespace rule, the lambda path and the saved view's layout.
+    Scenario("memo_relation", "class Cfg:\n    pass\n\n\nA = Cfg()\nB = A if {v} else Cfg()\n\n\n"
+                              "def fn(x):\n    memo = {id(A): 2.0}\n    return x * memo.get(id(B), 3.0)\n",
+             "True", "False"),
+    Scenario("deepcopy_nested", "import copy\n\n\nclass Inner:\n    def __init__(self):\n        self.k = {v}\n\n\n"
+                                "class Cfg:\n    def __init__(self):\n        self.inner = Inner()\n\n\nCFG = Cfg()\n\n\n"
+                                "def fn(x):\n    return x * copy.deepcopy(CFG).inner.k\n", "2.0", "3.0"),
+    Scenario("memo_keys_summed", "class Cfg:\n    pass\n\n\nCFG = Cfg()\n\n\n"
+                                 "def fn(x):\n    memo = {id(CFG): {v}}\n    return x + sum(memo) % 7\n", "1", "1",
+             per_process=True),
+    Scenario("exec_namespace", "NS = {'K': {v}}\nexec('def g(t):\\n    return t * K', NS)\nG = NS['g']\n\n\n"
+                               "def fn(x):\n    return G(x).sin()\n", "2.0", "3.0"),
+    Scenario("class_lambda", "class A:\n    f = lambda self, t: t * {v}  # noqa: E731\n\n\n"
+                             "def fn(x):\n    return A().f(x).cos()\n", "2.0", "3.0"),
+    Scenario("view_stride", "def fn(x):\n    y = x[::{v}]\n    torch._dynamo.graph_break()\n"
+                            "    return y * 2 if y.stride()[0] == 8 else y * 3\n", "1", "2"),
 ]

@@ -71,14 +71,15 @@ FEATURES = ("module_global", "helper_constant", "helper_attribute", "function_re
             "mutable_closure", "default_arg", "dataclass_config", "dict_config", "env_branch", "constant_function",
             "module_hook", "global_module_hook", "checkpoint_policy", "break_then_view", "sum_of_terms",
             "guard_only", "held_state", "no_grad_helper", "custom_function", "decorated", "enum_member",
-            "custom_op", "str_hash", "set_order", "lambda_global", "namedtuple_default", "view_offset")
+            "custom_op", "str_hash", "set_order", "lambda_global", "namedtuple_default", "view_offset", "config_copy",
+            "id_number")
 # Changes torch itself serves stale with the flag off: its AOTAutograd key names a custom
 # operator, not its kernels (docs/warm_start.md).  The flag-off runs are not held to eager there.
 TORCH_STALE = {"custom_op"}
 # Features whose values differ between two processes of one program (the hash seed): an
 # unchanged case is compiled again where the processes' seeds differ, and starts warm where
 # PYTHONHASHSEED fixes one.
-PER_PROCESS = {"str_hash", "set_order"}
+PER_PROCESS = {"str_hash", "set_order", "id_number"}
 # Ambient settings and what the changed process runs under instead.
 AMBIENTS = {
     "none": "no_grad", "no_grad": "none", "inference_mode": "none", "autocast": "none", "float64": "none",
@@ -294,6 +295,19 @@ def _feature(p: _Program, case: Case, i: int, f: Feature, changed: bool) -> None
         start = 2 if changed else 1
         p.steps += [f"y = y[:, {start}:]", "torch._dynamo.graph_break()",
                     f"y = y * {a} if y.storage_offset() == 1 else y * {b}"]
+    elif kind == "config_copy":
+        # A config object from another module deep-copied in the step, as T5's and BART's caches
+        # do: Dynamo folds id() of each object for deepcopy's memo.  Changed: a value it holds
+        # (variant 0), or one in a dict it holds (1).
+        k = b if changed else a
+        p.helper.append(f"class Config{i}:\n    def __init__(self):\n        self.scale = {a if f.variant else k}\n"
+                        f"        self.table = {{'k': {k if f.variant else a}}}\n\nCONFIG{i} = Config{i}()")
+        p.main.append("import copy")
+        p.steps += [f"cfg{i} = copy.deepcopy(helper.CONFIG{i})",
+                    f"y = y * (cfg{i}.table['k'] if {f.variant} else cfg{i}.scale)"]
+    elif kind == "id_number":  # an object's id read as a number: each process's own
+        p.helper.append(f"class Marker{i}:\n    pass\n\nMARKER{i} = Marker{i}()")
+        p.steps.append(f"y = y + id(helper.MARKER{i}) % 1009 / 100")
     elif kind == "held_state":
         # A global object holding a ContextVar (no guard reads it; pickle cannot save it) and a
         # dict subclass whose __setitem__ changes the key (pickle rebuilds it through that),

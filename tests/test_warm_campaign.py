@@ -229,7 +229,8 @@ ADVERSARY = [
       for module, train, changed in ((variant % 2 == 0, variant != 2, None), (variant % 2 == 1, variant == 1, 0))),
 ]
 # Programs warm start left out though nothing changed, until their identity was proved: a
-# module-level lambda, a namedtuple with a default, a branch on a view's storage offset.
+# module-level lambda, a namedtuple with a default, a branch on a view's storage offset, a
+# config deep-copied (its id a memo key).
 REACHED = [
     Case(f"reach_{kind}{variant}_{changed}", module, train, (Feature(kind, 2.0, 3.0, "sin", "cos", variant),),
          "none", changed)
@@ -237,11 +238,13 @@ REACHED = [
         ("lambda_global", 0, False, True, None), ("lambda_global", 0, True, False, 0),
         ("namedtuple_default", 0, True, True, None), ("namedtuple_default", 0, False, False, 0),
         ("namedtuple_default", 1, False, True, 0), ("view_offset", 0, False, False, None),
-        ("view_offset", 0, True, True, None), ("view_offset", 0, False, True, 0))
+        ("view_offset", 0, True, True, None), ("view_offset", 0, False, True, 0),
+        ("config_copy", 0, False, True, None), ("config_copy", 1, True, False, None),
+        ("config_copy", 0, True, False, 0), ("config_copy", 1, False, True, 0))
 ]
 PER_PROCESS_UNCHANGED = [
     Case(f"pp_{kind}{variant}", False, False, (Feature(kind, 2.0, 3.0, "sin", "cos", variant),), "none", None)
-    for kind, variant in (("str_hash", 0), ("set_order", 0), ("set_order", 1))
+    for kind, variant in (("str_hash", 0), ("set_order", 0), ("set_order", 1), ("id_number", 0))
 ]
 
 
@@ -327,14 +330,17 @@ def test_lambdas_namedtuple_defaults_and_views_start_warm(fixed_batches):
     """Programs warm start left out though nothing changed: a module-level lambda (its code,
     found by the global that holds it), a namedtuple with a default from another module (its
     ``__new__``'s namespace, described by what it holds and reached through the function), a
-    branch on a view's storage offset after a graph break (the saved view keeps its offset).
-    Unchanged, each starts warm; its body, default, field or offset changed compiles again."""
+    branch on a view's storage offset after a graph break (the saved view keeps its offset), a
+    config object deep-copied (``copy.deepcopy`` folds its id as a memo key: bound on the first
+    call to an object of the same class and contents).  Unchanged, each starts warm; its body,
+    default, field, offset or config value changed compiles again."""
     _starts_warm_unless_changed(REACHED, *fixed_batches)
 
 
 def test_values_of_each_processs_hash_seed_are_never_served_to_another(fixed_batches):
     """A string's hash and a set's iteration order, unchanged, where each process draws its
-    own hash seed (Python's default): the warm process compiles again, and equals eager."""
+    own hash seed (Python's default), and an object's id read as a number: the warm process
+    compiles again, and equals eager."""
     cold, warm = fixed_batches
     for case in PER_PROCESS_UNCHANGED:
         before, after = cold["cases"][case.name], warm["cases"][case.name]

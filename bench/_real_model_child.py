@@ -133,24 +133,11 @@ def infer(build, seq2seq: bool = False):
     return workload
 
 
-def generate():
-    """Llama ``generate`` with its KV cache, 4 new tokens greedily, the forward compiled."""
-    model = _llama().eval()
-    forward = model.forward
-    compiled = torch.compile(forward)
-
-    def run(fn):
-        model.forward = fn
-        with torch.no_grad():
-            return [model.generate(_ids(8), max_new_tokens=4, do_sample=False, min_new_tokens=4).float()]
-    return lambda: run(compiled), lambda: run(forward)
-
-
-def generate_seq2seq(model_type: str):
-    """An encoder-decoder model's ``generate`` (T5, BART), 4 new tokens greedily, the forward
-    compiled: its decoder's cache deep-copies the config on every step."""
+def generate(build):
+    """``generate`` with its KV cache, 4 new tokens greedily, the forward compiled: Llama's, and
+    T5's and BART's, whose decoder cache deep-copies the config on every step."""
     def workload():
-        model = _family(model_type)().eval()
+        model = build().eval()
         forward = model.forward
         compiled = torch.compile(forward)
 
@@ -281,12 +268,13 @@ def custom_train():
     return lambda: [t for _ in range(2) for t in compiled(x)], lambda: [t for _ in range(2) for t in eager(x)]
 
 
-WORKLOADS = {"gpt2": infer(_gpt2), "llama": infer(_llama), "llama_generate": generate, "bert_kwargs": bert_kwargs,
+WORKLOADS = {"gpt2": infer(_gpt2), "llama": infer(_llama), "llama_generate": generate(_llama),
+             "bert_kwargs": bert_kwargs,
              "gpt2_train": train(_gpt2),
              "llama_checkpointed_train": train(_llama, checkpointed=True, optimizer="AdamW"),
              "gpt2_compiled_autograd": gpt2_compiled_autograd, "custom_train": custom_train,
              **{family: infer(_family(family), seq2seq=family in _SEQ2SEQ) for family in FAMILIES},
-             **{f"{family}_generate": generate_seq2seq(family) for family in _SEQ2SEQ}}
+             **{f"{family}_generate": generate(_family(family)) for family in _SEQ2SEQ}}
 
 
 def main(name: str) -> dict:

@@ -65,9 +65,9 @@ def test_something_with_no_identity_read_anywhere_leaves_it_undescribed(module):
     mod = module("sg_reads_e", "class Opaque:\n    pass\nSTATE = Opaque()\ndef f(t):\n    return t if STATE else t\n")
     assert reads_identity(mod.f) is None
     assert reads_identity(lambda t: t) is not None  # this test module is in sys.modules
-    scope: dict = {}
+    scope: dict = {"held": type("Opaque", (), {})()}
     exec("def g(t):\n    return t\n", scope)
-    assert reads_identity(scope["g"]) is None  # globals that are no module's
+    assert reads_identity(scope["g"]) is None  # globals that are no module's, holding what has no identity
 
 
 def test_torch_and_the_standard_library_are_described_by_their_versions(module):

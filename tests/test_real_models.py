@@ -38,12 +38,14 @@ def warm_start():
 # Flag off for one model only: it shows a restart traces again without the flag (torch's
 # behaviour, the same for both models), on the cache dir the flag-on processes filled.
 @pytest.mark.parametrize("model, activation, other, mode, flag_off", [("gpt2", "gelu_new", "relu", "infer", True),
-                                                                      ("llama", "silu", "gelu", "train", False)])
+                                                                      ("llama", "silu", "gelu", "train", False),
+                                                                      ("t5", "relu", "gelu", "generate", False)])
 def test_a_causal_lm_starts_warm_and_a_changed_one_is_compiled_again(warm_start, tmp_path, model, activation,
                                                                       other, mode, flag_off):
-    """GPT-2 inference over a growing sequence, and Llama training steps with transformers'
-    gradient checkpointing: the restart traces nothing; a restart whose model differs
-    (another activation function) is never served the cold one's code."""
+    """GPT-2 inference over a growing sequence, Llama training steps with transformers'
+    gradient checkpointing, and T5's ``generate`` (its decoder cache deep-copies the config:
+    ids as memo keys): the restart traces nothing; a restart whose model differs (another
+    activation function) is never served the cold one's code."""
     cold = _run(tmp_path / "on", True, model, activation, mode)
     warm = _run(tmp_path / "on", True, model, activation, mode)
     changed = _run(tmp_path / "on", True, model, other, mode)

@@ -228,20 +228,6 @@ ADVERSARY = [
       for variant in range(variants)
       for module, train, changed in ((variant % 2 == 0, variant != 2, None), (variant % 2 == 1, variant == 1, 0))),
 ]
-# Programs warm start left out though nothing changed, until their identity was proved: a
-# module-level lambda, a namedtuple with a default, a branch on a view's storage offset, a
-# config deep-copied (its id a memo key).
-REACHED = [
-    Case(f"reach_{kind}{variant}_{changed}", module, train, (Feature(kind, 2.0, 3.0, "sin", "cos", variant),),
-         "none", changed)
-    for kind, variant, module, train, changed in (
-        ("lambda_global", 0, False, True, None), ("lambda_global", 0, True, False, 0),
-        ("namedtuple_default", 0, True, True, None), ("namedtuple_default", 0, False, False, 0),
-        ("namedtuple_default", 1, False, True, 0), ("view_offset", 0, False, False, None),
-        ("view_offset", 0, True, True, None), ("view_offset", 0, False, True, 0),
-        ("config_copy", 0, False, True, None), ("config_copy", 1, True, False, None),
-        ("config_copy", 0, True, False, 0), ("config_copy", 1, False, True, 0))
-]
 PER_PROCESS_UNCHANGED = [
     Case(f"pp_{kind}{variant}", False, False, (Feature(kind, 2.0, 3.0, "sin", "cos", variant),), "none", None)
     for kind, variant in (("str_hash", 0), ("set_order", 0), ("set_order", 1), ("id_number", 0))
@@ -268,7 +254,7 @@ def fixed_batches(tmp_path_factory) -> tuple[dict, dict]:
     if not _warm_start_available():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     batch = (POLICIES_AND_EMPTY_GRAPHS + HELD_STATE + NO_GRAD_HELPERS + CALLS_UNDER_A_SETTING + COMPILED_AUTOGRAD_STEPS
-             + FUNCTIONS_AND_DECORATORS + PER_PROCESS_UNCHANGED + REACHED)
+             + FUNCTIONS_AND_DECORATORS + PER_PROCESS_UNCHANGED)
     return _campaign(tmp_path_factory.mktemp("fixed"), batch, flag=True)
 
 
@@ -324,17 +310,6 @@ def test_custom_autograd_functions_and_decorated_functions(fixed_batches):
     function a decorator from another module wraps (a closure over the function and the
     decorator's argument): changed in the argument, the wrapped body or the wrapper's."""
     _starts_warm_unless_changed(FUNCTIONS_AND_DECORATORS, *fixed_batches)
-
-
-def test_lambdas_namedtuple_defaults_and_views_start_warm(fixed_batches):
-    """Programs warm start left out though nothing changed: a module-level lambda (its code,
-    found by the global that holds it), a namedtuple with a default from another module (its
-    ``__new__``'s namespace, described by what it holds and reached through the function), a
-    branch on a view's storage offset after a graph break (the saved view keeps its offset), a
-    config object deep-copied (``copy.deepcopy`` folds its id as a memo key: bound on the first
-    call to an object of the same class and contents).  Unchanged, each starts warm; its body,
-    default, field, offset or config value changed compiles again."""
-    _starts_warm_unless_changed(REACHED, *fixed_batches)
 
 
 def test_values_of_each_processs_hash_seed_are_never_served_to_another(fixed_batches):

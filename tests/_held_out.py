@@ -84,6 +84,8 @@ SCENARIOS = [
     Scenario("memo_keys_summed", "class Cfg:\n    pass\n\n\nCFG = Cfg()\n\n\n"
                                  "def fn(x):\n    memo = {id(CFG): {v}}\n    return x + sum(memo) % 7\n", "1", "1",
              per_process=True),
+    Scenario("id_through_a_descriptor", "class Cfg:\n    pass\n\n\nCFG = Cfg()\n\n\n"
+                                        "def fn(x):\n    return x + id(CFG).real % {v}\n", "7", "7", per_process=True),
     Scenario("exec_namespace", "NS = {'K': {v}}\nexec('def g(t):\\n    return t * K', NS)\nG = NS['g']\n\n\n"
                                "def fn(x):\n    return G(x).sin()\n", "2.0", "3.0"),
     Scenario("class_lambda", "class A:\n    f = lambda self, t: t * {v}  # noqa: E731\n\n\n"

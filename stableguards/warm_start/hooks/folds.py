@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import sys
 from typing import Any
 
 from stableguards.hooks.core import Hook
@@ -134,6 +135,9 @@ def _id(call: Any, self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
 @functools.cache
 def _memo_key_class() -> type:
     from torch._dynamo.variables.constant import ConstantVariable, FakeIdVariable
+    from torch._dynamo.variables.object_protocol import vt_identity_compare
+
+    identity_compare = vt_identity_compare.__code__
 
     class MemoKey(ConstantVariable):
         """An address Dynamo folded for ``id(x)``, as torch's constant, that notes any use of it
@@ -174,7 +178,11 @@ def _memo_key_class() -> type:
             return int
 
         def get_real_python_backed_value(self) -> object:
-            """For ``is``, which a key lookup tries before ``==``: true only of one int object."""
+            """For ``is`` (``vt_identity_compare``, which a key lookup tries before ``==``): true
+            only of one int object.  Any other caller reads the number (an int's descriptor:
+            ``id(x).real``)."""
+            if sys._getframe(1).f_code is not identity_compare:
+                _note(f"{self.what}, read as a number", ADDRESS)
             return self.__dict__["_address"]
 
         def tp_richcompare_impl(self, tx: Any, other: Any, op: str) -> Any:

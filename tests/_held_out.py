@@ -79,7 +79,8 @@ SCENARIOS = [
                               "def fn(x):\n    memo = {id(A): 2.0}\n    return x * memo.get(id(B), 3.0)\n",
              "True", "False"),
     Scenario("deepcopy_nested", "import copy\n\n\nclass Inner:\n    def __init__(self):\n        self.k = {v}\n\n\n"
-                                "class Cfg:\n    def __init__(self):\n        self.inner = Inner()\n\n\nCFG = Cfg()\n\n\n"
+                                "class Cfg:\n    def __init__(self):\n        self.inner = Inner()\n\n\n"
+                                "CFG = Cfg()\n\n\n"
                                 "def fn(x):\n    return x * copy.deepcopy(CFG).inner.k\n", "2.0", "3.0"),
     Scenario("memo_keys_summed", "class Cfg:\n    pass\n\n\nCFG = Cfg()\n\n\n"
                                  "def fn(x):\n    memo = {id(CFG): {v}}\n    return x + sum(memo) % 7\n", "1", "1",

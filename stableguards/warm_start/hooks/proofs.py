@@ -399,8 +399,15 @@ def _first_call_source(leaf: Leaf) -> str | None:
     """The source a loaded check bound on its entry's first call checks, or None."""
     if leaf.kind != "LAMBDA_GUARD" or (text := _first_call_text(code_of(leaf.parts))) is None:
         return None
-    binding = STATE.bindings.get(int(text.removeprefix(FIRST_CALL).partition(": ")[0]))
-    return (binding.at if binding is not None else None) or leaf.source
+    return _bound_check(text, leaf.source)[1]
+
+
+def _bound_check(text: str, source: str) -> tuple[Binding | None, str, str]:
+    """A bound check's binding (None: not made in this process), the source it checks (its
+    guard's, unless it sits on an ancestor's manager: ``Binding.at``) and its code template."""
+    token, _, template = text.removeprefix(FIRST_CALL).partition(": ")
+    binding = STATE.bindings.get(int(token))
+    return binding, (binding.at if binding is not None else None) or source, template
 
 
 def _first_call_fact(source: str, text: str, value: Callable[[str], Any], described: Callable[[Any], str | None],
@@ -409,9 +416,7 @@ def _first_call_fact(source: str, text: str, value: Callable[[str], Any], descri
     ``VERSION_ON_FIRST_CALL``): bound here to the object at its source on this call, whose
     proof is being checked, and written as the check it stands for.  The proof then
     compares what that object is with the cold one; if it differs, the entry never serves."""
-    token, _, template = text.removeprefix(FIRST_CALL).partition(": ")
-    binding = STATE.bindings.get(int(token))
-    source = (binding.at if binding is not None else None) or source
+    binding, source, template = _bound_check(text, source)
     obj = value(source)
     try:
         bound_here = binding is not None and _bind(binding, obj, bound.made)

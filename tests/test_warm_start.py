@@ -567,7 +567,7 @@ NOTHING_TO_COMPUTE = textwrap.dedent("""
         loss.backward()
         return loss.detach()
 
-    x = torch.randn(8)
+    x = torch.arange(8.0)  # exact sums: a random x's sum near 0 fails allclose's default atol in ~0.3% of runs
     ok = all(torch.allclose(torch.compile(fn)(x), fn(x)) for fn in (infer, train) for _ in range(2))
     print(json.dumps({"ok": ok, "traced": [code.co_name for code in TRACED], "explain": stableguards.explain()}))
 """)
@@ -581,7 +581,7 @@ def test_a_graph_with_nothing_to_compute_starts_warm(tmp_path):
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     cold, warm = _cold_then_warm(NOTHING_TO_COMPUTE, tmp_path)
     assert cold["ok"] and "torch_dynamo_resume_in_infer_at_12" in cold["traced"], cold
-    assert warm["ok"] and warm["traced"] == [], warm["explain"]
+    assert warm["ok"] and warm["traced"] == [], warm
 
 
 # A training step under compiled autograd, and its eager twin, for the child scripts below.

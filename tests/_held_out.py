@@ -93,4 +93,12 @@ SCENARIOS = [
                              "def fn(x):\n    return A().f(x).cos()\n", "2.0", "3.0"),
     Scenario("view_stride", "def fn(x):\n    y = x[::{v}]\n    torch._dynamo.graph_break()\n"
                             "    return y * 2 if y.stride()[0] == 8 else y * 3\n", "1", "2"),
+    # A class register_parametrization made, patched after it was made: its namespace differs.
+    Scenario("parametrized_patched", "from torch.nn.utils import parametrize\n\n\n"
+                                     "class Double(torch.nn.Module):\n"
+                                     "    def forward(self, w):\n        return w * 2\n\n\n"
+                                     "M = torch.nn.Linear(8, 8).requires_grad_(False)\n"
+                                     "parametrize.register_parametrization(M, 'weight', Double())\n"
+                                     "type(M).scale = property(lambda self: {v})\n\n\n"
+                                     "def fn(x):\n    return M(x) * M.scale\n", "2.0", "3.0"),
 ]

@@ -11,9 +11,9 @@ object holding what pickle cannot save, a helper decorated with ``torch.no_grad(
 an environment variable a branch reads,
 an ``assume_constant_result`` function's input, a custom ``autograd.Function``'s forward,
 a global its backward reads or its ``setup_context``, a function a decorator wraps or the decorator's argument or
-wrapper, an enum member's value, a custom operator's kernel or backward, a string's hash or a set's
-iteration order (both per process: the hash seed), a module hook of any kind or a global one, what a
-checkpointing policy
+wrapper, an enum member's value, a custom operator's kernel or backward, a parametrized layer's
+parametrization, a string's hash or a set's iteration order (both per process: the hash seed),
+a module hook of any kind or a global one, what a checkpointing policy
 saves (a policy Dynamo never traces, reached through a global function, a
 closure or a ``functools.partial``), a global the guards check and the graph does
 not hold (the frame is traced again, into the same graph), saved-tensor hooks, grad, inference or
@@ -72,7 +72,7 @@ FEATURES = ("module_global", "helper_constant", "helper_attribute", "function_re
             "module_hook", "global_module_hook", "checkpoint_policy", "break_then_view", "sum_of_terms",
             "guard_only", "held_state", "no_grad_helper", "custom_function", "decorated", "enum_member",
             "custom_op", "str_hash", "set_order", "lambda_global", "namedtuple_default", "view_offset", "config_copy",
-            "id_number")
+            "id_number", "parametrized")
 # Changes torch itself serves stale with the flag off: its AOTAutograd key names a custom
 # operator, not its kernels (docs/warm_start.md).  The flag-off runs are not held to eager there.
 TORCH_STALE = {"custom_op"}
@@ -305,6 +305,23 @@ def _feature(p: _Program, case: Case, i: int, f: Feature, changed: bool) -> None
         p.main.append("import copy")
         p.steps += [f"cfg{i} = copy.deepcopy(helper.CONFIG{i})",
                     f"y = y * (cfg{i}.table['k'] if {f.variant} else cfg{i}.scale)"]
+    elif kind == "parametrized":
+        # A linear layer with a parametrized tensor: register_parametrization makes a class for it
+        # at run time, which no name finds.  The program's own layer, or a global one in a
+        # function.  Changed: the parametrization's op (variant 0), its scale (1), or which
+        # tensor it parametrizes (2: the bias).
+        op, k = (op_b if changed and f.variant == 0 else op_a), (b if changed and f.variant == 1 else a)
+        name = "bias" if changed and f.variant == 2 else "weight"
+        p.main.append(f"from torch.nn.utils import parametrize\n\n\nclass Param{i}(torch.nn.Module):\n"
+                      f"    def forward(self, w):\n        return w.{op}() * {k}")
+        if case.module:
+            p.build.append(f"parametrize.register_parametrization(net.lin, {name!r}, Param{i}())")
+        else:
+            p.main.append(f"PLIN{i} = torch.nn.Linear(8, 8).requires_grad_(False)\nwith torch.no_grad():\n"
+                          f"    PLIN{i}.weight.copy_(torch.linspace(-0.5, 0.5, 64).view(8, 8))\n"
+                          f"    PLIN{i}.bias.fill_(0.1)\n"
+                          f"parametrize.register_parametrization(PLIN{i}, {name!r}, Param{i}())")
+            p.steps.append(f"y = PLIN{i}(y)")
     elif kind == "id_number":  # an object's id read as a number: each process's own
         p.helper.append(f"class Marker{i}:\n    pass\n\nMARKER{i} = Marker{i}()")
         p.steps.append(f"y = y + id(helper.MARKER{i}) % 1009 / 100")

@@ -1,7 +1,8 @@
 """Programs warm start left out though nothing changed, until their identity was proved (issue
 44): a module-level lambda, a namedtuple with a default, a branch on a view's storage offset,
-a config deep-copied (its id a memo key).  Cold then warm in two fresh processes, flag on,
-every result compared with eager in its own process.  A file of its own, so that it runs
+a config deep-copied (its id a memo key), a parametrized layer (its class made at run time).
+Cold then warm in two fresh processes, flag on, every result compared with eager in its own
+process.  A file of its own, so that it runs
 beside tests/test_warm_campaign.py rather than after it."""
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ from _warm_campaign import Case, Feature
 from test_warm_campaign import _campaign, _starts_warm_unless_changed, _warm_start_available
 
 REACHED = [
-    Case(f"reach_{kind}{variant}_{changed}", module, train, (Feature(kind, 2.0, 3.0, "sin", "cos", variant),),
-         "none", changed)
+    Case(f"reach_{kind}{variant}{'m' if module else 'f'}_{changed}", module, train,
+         (Feature(kind, 2.0, 3.0, "sin", "cos", variant),), "none", changed)
     for kind, variant, module, train, changed in (
         ("lambda_global", 0, False, True, None), ("lambda_global", 0, True, False, 0),
         ("namedtuple_default", 0, True, True, None), ("namedtuple_default", 1, False, False, 0),
         ("view_offset", 0, True, True, None), ("view_offset", 0, False, False, 0),
         ("config_copy", 0, False, True, None), ("config_copy", 1, True, False, None),
-        ("config_copy", 0, True, False, 0), ("config_copy", 1, False, True, 0))
+        ("config_copy", 0, True, False, 0), ("config_copy", 1, False, True, 0),
+        ("parametrized", 0, True, True, None), ("parametrized", 1, False, False, None),
+        ("parametrized", 0, False, True, 0), ("parametrized", 1, True, False, 0), ("parametrized", 2, True, True, 0),
+        ("parametrized", 2, False, False, 0))
 ]
 
 

@@ -503,6 +503,46 @@ def test_a_graph_modules_own_class_is_its_methods_and_none_type_its_name():
     assert identity(type(None)) == "class:NoneType"
 
 
+def test_a_parametrized_modules_class_is_what_it_extends_and_everything_torch_put_in_it():
+    """``register_parametrization`` makes a class per module: two modules parametrized alike
+    have one identity (as two processes make them); another tensor parametrized, a property
+    patched on the class, or another class made at run time, do not."""
+    torch = pytest.importorskip("torch")
+    from torch.nn.utils import parametrize
+
+    class Double(torch.nn.Module):
+        def forward(self, w):
+            return w * 2
+
+    def made(name="weight"):
+        module = torch.nn.Linear(2, 2)
+        parametrize.register_parametrization(module, name, Double())
+        return type(module)
+
+    one, two = made(), made()
+    assert one is not two and identity(one) is not None and identity(one) == identity(two)
+    assert identity(one).startswith("parametrized:class:torch.nn.modules.linear.Linear#")
+    assert identity(made("bias")) != identity(one)
+    two.extra = property(lambda self: 1)
+    assert identity(two) != identity(one)
+    assert identity(type("ParametrizedLinear", (torch.nn.Linear,), {})) is None  # made elsewhere
+    assert covers(identity(one)).startswith("the class it extends")
+
+
+def test_a_type_binding_checks_the_class_of_its_first_calls_object():
+    from stableguards.warm_start.state import TypeBinding
+
+    class A:
+        pass
+
+    class B:
+        pass
+
+    binding = TypeBinding()
+    assert binding.passes(A()) and binding.passes(B())  # unbound: its entry has not served yet
+    assert binding.bind(A()) and binding.passes(A()) and not binding.passes(B()) and not binding.bind(B())
+
+
 def test_the_interpreters_own_types_are_named_where_types_holds_them():
     """A bound method's type calls itself ``builtins.method``, which ``builtins`` does not hold:
     it is named as ``types`` holds it (Dynamo checks the type of the bound method a
@@ -548,6 +588,9 @@ def test_a_fact_is_the_guards_code_without_torchs_comments():
     assert fact("G['__import_helpers'].K", "EQUALS_MATCH", [part]) == \
         Fact("G['__import_helpers'].K", "EQUALS_MATCH", "G['__import_helpers'].K == 2")
     assert code_of(["L['d']['a#b'] == 'x#y'   # a comment"]) == "L['d']['a#b'] == 'x#y'"
+    # torch's recompile hint is a message, not what is checked
+    assert code_of(["___check_type_id(L['m'], 7), type=<class 'M'> (HINT: type M)"]) == \
+        "___check_type_id(L['m'], 7), type=<class 'M'>"
 
 
 @hypothesis.settings(max_examples=400, deadline=None, database=None)

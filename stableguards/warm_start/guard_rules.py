@@ -125,7 +125,7 @@ class Unprovable(Exception):
 
 def code_of(parts: Iterable[str]) -> str:
     """A leaf guard's code without the comments torch adds (the user's source line)."""
-    return "\n".join(_split_comment(p)[0] for p in parts)
+    return "\n".join(_HINT.sub("", _split_comment(p)[0]) for p in parts)
 
 
 def fact(source: str, kind: str, parts: Iterable[str], *, value: Callable[[], Any] | None = None,
@@ -260,6 +260,11 @@ _IDS = re.compile(r"(___check_(?:obj|type)_id\(.*, )(\d+)\)")
 # literals, triple-quoted first (a quote that opens a triple-quoted literal never closes early).
 _CODE = re.compile(r"""(?:[^'"#]+|'{3}(?:\\.|[^\\])*?'{3}|"{3}(?:\\.|[^\\])*?"{3}"""
                    r"""|'(?!'')(?:\\.|[^'\\])*'|"(?!"")(?:\\.|[^"\\])*")*""", re.S)
+
+
+# What torch appends to a check's code for a user reading a recompile (``get_verbose_code_parts``):
+# a message, not what is checked; a check bound on the first call has none.
+_HINT = re.compile(r" \(HINT: [^()]*\)$")
 
 
 def _split_comment(part: str) -> tuple[str, str]:

@@ -86,6 +86,7 @@ class _Empty:
 
 
 _EMPTY = _Empty()
+_PARAMETRIZE = "torch.nn.utils.parametrize"
 _OPTIMIZER = "torch.optim.optimizer.Optimizer"
 _TENSOR = "torch._C.TensorBase"
 _CONSTANTS = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis), type(NotImplemented), _Empty)
@@ -109,6 +110,8 @@ COVERS = {
     "class": "its import name, MRO and every function-like attribute along it (an Enum's members and values "
              "too); a value read from it Dynamo guards where it reads it",
     "enum": "its class, its name, its value, the builtin data it mixes in and its attributes",
+    "parametrized": "the class it extends, and everything its own namespace holds (torch's properties for the "
+                    "parametrized tensors, with their names; the module they were made for, as that)",
     "method": "the function and the object it is bound to",
     "partial": "the function, its arguments and keywords",
     "partialmethod": "the function, its arguments and keywords", "cached_property": "its function",
@@ -151,6 +154,12 @@ def module_copy(obj: Any) -> bool:
     return isinstance(held, types.ModuleType) and held is not obj and isinstance(getattr(obj, "__file__", None), str)
 
 
+def parametrized(cls: type) -> bool:
+    """Whether ``cls`` is the class ``torch.nn.utils.parametrize`` made for one module."""
+    return (cls.__module__ == _PARAMETRIZE and len(cls.__bases__) == 1
+            and cls.__qualname__ == f"Parametrized{cls.__bases__[0].__name__}")
+
+
 def by_state(obj: Any) -> bool:
     """Whether ``obj``'s identity is what it holds (an optimizer), not a name another process
     imports: an id check on it is bound, in another process, to the object found on the
@@ -181,6 +190,7 @@ class Identities:
         self._done: dict[int, tuple[Any, str | None, tuple[Any, ...]]] = {}
         self._entered: list[Any] = []  # objects entered whose component is not complete yet
         self._reached = 0  # the outermost open object a cycle named, within the current one
+        self._instance_of: type | None = None  # a class made for one instance (_parametrized): that instance
 
     def __call__(self, obj: Any) -> str | None:
         return self.describe(obj)
@@ -216,6 +226,8 @@ class Identities:
 
     def _describe(self, obj: Any) -> str | None:
         kind = type(obj)
+        if kind is self._instance_of:
+            return "<the instance the class was made for>"
         if kind in _CONSTANTS:
             return f"{kind.__name__}:{obj!r}"
         if kind is object:
@@ -390,7 +402,7 @@ class Identities:
         if cls in _TYPES_MODULE_NAMES:
             return f"class:{_TYPES_MODULE_NAMES[cls]}"
         if not _importable(cls) and not _fx_graph_class(cls):
-            return None
+            return self._parametrized(cls)
         methods = []
         for klass in cls.__mro__:
             if klass is object:
@@ -413,6 +425,25 @@ class Identities:
             methods.append(f"members={members}")
         mro = ",".join(qualified(k) for k in cls.__mro__)
         return f"class:{qualified(cls)}#{_digest(f'{mro}:{methods}')}"
+
+    def _parametrized(self, cls: type) -> str | None:
+        """The class ``register_parametrization`` makes for one module (``Parametrized<Base>``,
+        torch's ``_inject_new_class``): no name finds it, so it is described by what made it,
+        the class it extends, and all its own namespace holds: the ``__getstate__`` and
+        ``__deepcopy__`` torch gives it and a property per parametrized tensor, whose code is
+        torch's and whose closures hold the tensor's name and the module the class was made
+        for.  That module is said as such: a compile reads it as the instance it is called on
+        (it keys torch's parametrization cache by its id, which ``folds`` checks like any id).
+        Any other class no name finds has no identity."""
+        if not parametrized(cls):
+            return None
+        base = cls.__bases__[0]
+        inner = Identities()
+        inner._instance_of = cls
+        parts = [self.describe(base), inner.describe(dict(vars(cls)))]
+        if None in parts:
+            return None
+        return f"parametrized:{parts[0]}#{_digest(parts[1])}"
 
     def _attribute(self, value: Any) -> str | None:
         """A function-like class attribute.  A C function a class holds as a static method

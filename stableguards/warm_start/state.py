@@ -143,6 +143,17 @@ class Binding:
 STATE = WarmStart()
 
 
+class TypeBinding(Binding):
+    """The class a loaded type check checks (``guards.TYPE_ON_FIRST_CALL``): the class of the
+    object at its source on the call its entry first serves."""
+
+    def bind(self, obj: Any) -> bool:
+        return super().bind(type(obj))
+
+    def passes(self, obj: Any) -> bool:
+        return super().passes(type(obj))
+
+
 class VersionBinding(Binding):
     """The version of the dict a loaded version check checks (PEP 509: unique to one dict in
     one state), bound on the call its entry first serves; ``version`` reads a dict's."""

@@ -66,8 +66,9 @@ _PACKAGE = "torch._dynamo.package"
 _AUTOGRAD_CACHE = "torch._functorch._aot_autograd.autograd_cache"
 # Bumped when what an entry holds changes meaning: older entries are then never found (5: the
 # proof holds custom operators' kernels and the hash seed, which an older entry never checked;
-# 6: an older entry may have folded an id() read as a number behind an id check by name).
-_ENTRY_FORMAT = "6"
+# 6: an older entry may have folded an id() read as a number behind an id check by name;
+# 7: a fact's code no longer holds torch's recompile hint).
+_ENTRY_FORMAT = "7"
 
 
 @dataclasses.dataclass

@@ -22,8 +22,8 @@ from stableguards.hooks.core import Hook, TorchError
 from stableguards.warm_start.guard_rules import FIRST_CALL, FIRST_CALLS_OBJECT, FIRST_CALLS_VERSION, Unprovable
 from stableguards.warm_start import fx_home
 from stableguards.warm_start.hooks import graph_params, proofs
-from stableguards.warm_start.identity import by_state, module_copy
-from stableguards.warm_start.state import STATE, Binding, VersionBinding
+from stableguards.warm_start.identity import by_state, module_copy, parametrized
+from stableguards.warm_start.state import STATE, Binding, TypeBinding, VersionBinding
 
 _PACKAGE = "torch._dynamo.package"
 
@@ -465,6 +465,17 @@ def _reduce_code(call: Any, self: Any, obj: Any) -> Any:
         return _strided_tensor, (unpickle, meta, tuple(obj.stride()), obj.storage_offset(), *rest)
     if reduced is not NotImplemented or STATE.frame.get() is None:
         return reduced  # torch's own reduction, a pruned value's included
+    if isinstance(obj, type) and parametrized(obj):
+        # A class register_parametrization made for one module, which no name finds: made again
+        # by torch, for a bare module of the class it extends.  Its check is bound on the first
+        # call (TYPE_ON_FIRST_CALL); what it is, the proof compares (identity._parametrized).
+        return _parametrized_class, (obj.__bases__[0], _parametrized_names(obj))
+    if parametrized(type(obj)):
+        # A parametrized module refuses pickling (its class's __getstate__): its nn.Module state,
+        # pruned by torch as any module's, on a module of a class torch makes again alike.
+        cls = type(obj)
+        return _parametrized_module, (cls.__bases__[0], _parametrized_names(cls)), dict(vars(obj)), None, None, \
+            _set_attributes
     if _rebuilt_through_its_setitem(obj):
         # Pickle rebuilds a dict subclass by calling its __setitem__ with each saved item,
         # which may change the key again (transformers' output-capture registry stores
@@ -559,6 +570,26 @@ def _reader(path: str) -> Callable[[Any], Any]:
     return read
 
 
+def _parametrized_names(cls: type) -> tuple[str, ...]:
+    return tuple(name for name, value in vars(cls).items() if isinstance(value, property))
+
+
+def _parametrized_module(base: type, names: tuple[str, ...]) -> Any:
+    """A bare module of ``base`` whose class torch's parametrize made, with a property for each
+    of ``names`` (its state is set next, as pickle does)."""
+    from torch.nn.utils import parametrize
+
+    module = base.__new__(base)
+    parametrize._inject_new_class(module)
+    for name in names:
+        parametrize._inject_property(module, name)
+    return module
+
+
+def _parametrized_class(base: type, names: tuple[str, ...]) -> type:
+    return type(_parametrized_module(base, names))
+
+
 def _new_object(cls: type) -> Any:
     return cls.__new__(cls)
 
@@ -609,6 +640,8 @@ def _replacement(guard: Any, builder: Any, bound: frozenset[str], versioned: fro
             return ID_ON_FIRST_CALL
     if kind == "DICT_VERSION" and guard.name in versioned:
         return VERSION_ON_FIRST_CALL
+    if kind == "TYPE_MATCH" and parametrized(type(builder.get(guard))):
+        return TYPE_ON_FIRST_CALL
     # An id check is what MODULE_MATCH and CLASS_MATCH run; CLOSURE_MATCH must not fall back to one.
     if kind not in _REPLACEMENTS or not set(guard.guard_types or ()) <= {kind, *_ID_CHECKS.get(kind, ())}:
         return None
@@ -649,6 +682,20 @@ def ID_ON_FIRST_CALL(builder: Any, guard: Any) -> None:  # noqa: N802 - named as
     type_repr = _safe_type_repr(type(builder.get(guard)))
     _add_bound_check(builder, guard, binding,
                      f"___check_obj_id({builder.arg_ref(guard)}, {FIRST_CALLS_OBJECT}), type={type_repr}")
+
+
+def TYPE_ON_FIRST_CALL(builder: Any, guard: Any) -> None:  # noqa: N802 - named as torch's builder methods
+    """A type check, in another process, on an object of a class torch makes for one object
+    (``identity.parametrized``), which no name finds there: bound to the class of the object
+    at its source on the call the entry first serves, when the entry's proof shows that class
+    is what the cold one was (``identity._parametrized``).  Until then it passes, and nothing
+    is served before the proof holds; from then on it checks that class, as the cold
+    compile's type check did."""
+    from torch._dynamo.guards import _safe_type_repr
+
+    type_repr = _safe_type_repr(type(builder.get(guard)))
+    _add_bound_check(builder, guard, TypeBinding(),
+                     f"___check_type_id({builder.arg_ref(guard)}, {FIRST_CALLS_OBJECT}), type={type_repr}")
 
 
 def VERSION_ON_FIRST_CALL(builder: Any, guard: Any) -> None:  # noqa: N802 - named as torch's builder methods

@@ -431,6 +431,9 @@ def _first_call_fact(source: str, text: str, value: Callable[[str], Any], descri
     # The type torch's id check prints is the checked object's: the bound one's (where the guards
     # were built, a tensor is the saved state's fake one).
     code = f"{template.rpartition(', type=')[0]}, type={_safe_type_repr(type(obj))}"
+    if template.startswith("___check_type_id("):  # TYPE_ON_FIRST_CALL: what the object's class is
+        return fact(source, "TYPE_MATCH", [code.replace(FIRST_CALLS_OBJECT, str(id(type(obj))))],
+                    value=lambda: obj, identity=identities)
     return fact(source, "ID_MATCH", [code.replace(FIRST_CALLS_OBJECT, str(id(obj)))], value=lambda: obj,
                 identity=described)
 

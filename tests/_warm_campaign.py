@@ -121,6 +121,11 @@ def cases(draw: st.DrawFn) -> Case:
     if not train or ambient.endswith("saved_tensor_hooks"):  # a policy acts on a backward, without hooks
         feats = tuple(f for f in feats if f.kind != "checkpoint_policy") \
             or (Feature("module_global", 2.0, 3.0, "sin", "cos"),)
+    if train and ambient.endswith("saved_tensor_hooks"):
+        # torch 2.15's compiled backward asserts the strides of a view it is given where a pack
+        # hook returns a copy (flag off too, without stableguards: `x[:, 1:]` after a graph break).
+        feats = tuple(f for f in feats if f.kind != "view_offset") \
+            or (Feature("module_global", 2.0, 3.0, "sin", "cos"),)
     changed = draw(st.one_of(st.none(), st.sampled_from(range(len(feats) + 1))))  # half unchanged
     return Case("case", module, train, feats, ambient, changed)
 

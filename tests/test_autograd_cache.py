@@ -6,13 +6,10 @@ process compiles every case in turn (one torch import for all of them)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _children import child_env, run_child
 
 CHILD = Path(__file__).resolve().parent / "_autograd_cache_child.py"
 KEYED = ["custom_function", "checkpoint", "hook_method", "hook_wrapped", "compiled_autograd"]
@@ -20,14 +17,10 @@ CASES = [*KEYED, "hook_wrapped_hashed", "checkpoint_opaque"]
 
 
 def _run(cache: Path, flag: bool, variant: str, cases: list[str] = CASES, warm_start: bool = False) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), PYTHONHASHSEED="random")
+    env = child_env(cache, PYTHONHASHSEED="random")
     if not warm_start:
         env["STABLEGUARDS_DISABLE"] = "warm_start"
-    proc = subprocess.run([sys.executable, str(CHILD), "1" if flag else "0", variant, *cases], env=env,
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child([CHILD, "1" if flag else "0", variant, *cases], env)
 
 
 @pytest.fixture(scope="module")

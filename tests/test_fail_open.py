@@ -129,7 +129,7 @@ def warm_start_calls() -> None:
         torch.testing.assert_close(torch.compile(lambda t: t * _Getter().scale)(x), x * torch.ones(8).cos() * 2)
         torch.testing.assert_close(torch.compile(lambda t: t * _Pair(1.0).hi)(x), x * 2.0)
         torch._dynamo.reset()
-        WARM.forget_process()
+        WARM.reset()
 
 
 # A namedtuple with a default: Dynamo inlines its __new__, whose globals are a namespace of its own.

@@ -14,23 +14,16 @@ calls torch.compile, and so our hooks, while a compiled region runs).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _children import child_env, run_child
 
 CHILD = Path(__file__).resolve().parent / "_edge_child.py"
 
 
 def _run(cache: Path, flag: bool) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache))
-    proc = subprocess.run([sys.executable, str(CHILD), "1" if flag else "0"], env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child([CHILD, "1" if flag else "0"], child_env(cache))
 
 
 def test_edge_graphs_compile_with_the_flag_as_without_it_cold_and_warm(tmp_path):

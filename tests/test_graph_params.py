@@ -11,44 +11,27 @@ the step graph compile again.
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _children import child_env, requires_warm_start, run_child
 
 CHILD = Path(__file__).resolve().parent / "_graph_params_child.py"
 
 
-def _warm_start_available() -> bool:
-    import torch._dynamo  # noqa: F401 - installs the hooks
-
-    from stableguards.hooks import STATE
-
-    return "warm_start" in STATE.installed
-
-
 def _run(cache: Path, scenario: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), PYTHONDONTWRITEBYTECODE="1")
-    proc = subprocess.run([sys.executable, str(CHILD), scenario], env=env, capture_output=True, text=True,
-                          cwd=CHILD.parent)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_child([CHILD, scenario], child_env(cache), cwd=CHILD.parent)
     assert result["equal"], (scenario, result["explain"])
     return result
 
 
+@requires_warm_start
 @pytest.mark.parametrize(("cold", "warm_scenarios"), [
     ("plain", ("plain", "aliased", "reshaped")),
     ("adam", ("adam", "adam_fresh", "adam_strided_state")),
 ])
 def test_an_optimizer_step_graph_starts_warm_only_for_the_tensors_it_was_compiled_for(cold, warm_scenarios, tmp_path):
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     _run(tmp_path / "cold", cold)
     for scenario in warm_scenarios:
         warm = _run(shutil.copytree(tmp_path / "cold", tmp_path / scenario), scenario)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 
 import pytest
+from _children import requires_warm_start
 from _held_out import SCENARIOS
 
-from test_warm_campaign import _run, _warm_start_available
+from test_warm_campaign import _run
 
-pytestmark = pytest.mark.skipif(not os.environ.get("STABLEGUARDS_HELD_OUT"),
-                                reason="held out: run with STABLEGUARDS_HELD_OUT=1 before resolving")
+pytestmark = [requires_warm_start,
+              pytest.mark.skipif(not os.environ.get("STABLEGUARDS_HELD_OUT"),
+                                 reason="held out: run with STABLEGUARDS_HELD_OUT=1 before resolving")]
 
 
 def _campaign(root, flag: bool) -> tuple[dict, dict]:
@@ -29,8 +31,6 @@ def _campaign(root, flag: bool) -> tuple[dict, dict]:
 
 
 def test_held_out_scenarios_are_never_served_stale(tmp_path_factory):
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch 2.15")
     on = _campaign(tmp_path_factory.mktemp("on"), flag=True)
     off = _campaign(tmp_path_factory.mktemp("off"), flag=False)
     for s in SCENARIOS:

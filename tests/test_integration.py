@@ -127,8 +127,8 @@ def test_an_internal_error_warns_once_and_falls_back(fresh_dynamo, monkeypatch, 
         torch._dynamo.reset()
         graph_symbols(add, torch.randn(5), torch.randn(6))
     assert names == [f"s{upstream_id(src)}" for src in ("L['x'].size()[0]", "L['y'].size()[0]")]
-    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
-    assert "injected" in caplog.records[0].message
+    ours = [r.getMessage() for r in caplog.records if r.name.startswith("stableguards")]
+    assert len(ours) == 1 and "injected" in ours[0], ours  # one warning for four failures
     assert EVENTS.counters["fallbacks"] - before == 4
     assert "injected" in stableguards.explain()
 

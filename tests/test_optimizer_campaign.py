@@ -26,11 +26,10 @@ import dataclasses
 import json
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _children import child_env, requires_warm_start, run_child
 from _drawing import draw
 from _optimizer_campaign import Config, OptimizerCase, optimizer_cases, own_frames, steps_module
 
@@ -39,27 +38,18 @@ CASES = int(os.environ.get("STABLEGUARDS_OPTIMIZER_CAMPAIGN_CASES", "5"))
 BATCHES = int(os.environ.get("STABLEGUARDS_OPTIMIZER_CAMPAIGN_BATCHES", "1"))
 
 
-def _warm_start_available() -> bool:
-    import torch._dynamo  # noqa: F401 - installs the hooks
-
-    from stableguards.hooks import STATE
-
-    return "warm_start" in STATE.installed
-
-
 def _run(src: Path, cache: Path, flag: bool, warm: bool, batch: list[OptimizerCase]) -> dict | None:
     """One process's results; None where torch itself failed with the flag off (its own
     behaviour, which the flag-off run only stands beside: it is not under test)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED="random")
-    cases = json.dumps([dataclasses.asdict(c) for c in batch])
-    proc = subprocess.run([sys.executable, str(CHILD), str(src), "1" if flag else "0", "1" if warm else "0", cases],
-                          env=env, capture_output=True, text=True)
-    if proc.returncode != 0 and not flag:
-        print(f"flag off, {'warm' if warm else 'cold'}: torch failed: {proc.stderr[-600:]}")
+    env = child_env(cache, PYTHONHASHSEED="random")
+    args = [CHILD, src, "1" if flag else "0", "1" if warm else "0", json.dumps([dataclasses.asdict(c) for c in batch])]
+    try:
+        return run_child(args, env)
+    except AssertionError as error:
+        if flag:
+            raise
+        print(f"flag off, {'warm' if warm else 'cold'}: torch failed: {str(error)[-600:]}")
         return None
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _cold_then_warm(root: Path, batch: list[OptimizerCase], flag: bool) -> tuple[dict, dict] | None:
@@ -99,6 +89,7 @@ def _check(batch: list[OptimizerCase], on: tuple[dict, dict], off: tuple[dict, d
             assert warm["eager"] != cold["eager"], case  # the change shows
 
 
+@requires_warm_start
 def test_optimizer_steps_start_warm_unless_their_optimizer_changed(tmp_path):
     """Unchanged (with and without an lr scheduler, which wraps the optimizer's step; Adam
     restored from a checkpoint; a fresh AdamW with two param groups, a fresh SGD with momentum
@@ -106,8 +97,6 @@ def test_optimizer_steps_start_warm_unless_their_optimizer_changed(tmp_path):
     Adams, one per layer, stepped in turn), and each kind of change once: another learning
     rate, class, step hook, another optimizer object from the second step, fresh state for
     restored."""
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     sgd, scheduled, adam = Config(), Config(scheduler=True), Config(optimizer="Adam", restored="all")
     fresh_adamw, fresh_momentum = Config(optimizer="AdamW", groups=2), Config(option="momentum")
     part_adamw, split_adam = Config(optimizer="AdamW", restored="part"), Config(optimizer="Adam", split=True)
@@ -131,14 +120,8 @@ def test_optimizer_steps_start_warm_unless_their_optimizer_changed(tmp_path):
 
 def _cold_then_warm_program(program: str, cache: Path) -> tuple[dict, dict]:
     """What ``program`` prints last (JSON), cold (WARM=0) then warm (WARM=1), on one cache dir."""
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
-    runs = []
-    for warm in ("0", "1"):
-        proc = subprocess.run([sys.executable, "-c", program], env={**env, "WARM": warm}, capture_output=True,
-                              text=True)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    return runs[0], runs[1]
+    cold, warm = (run_child(["-c", program], child_env(cache, WARM=warm)) for warm in ("0", "1"))
+    return cold, warm
 
 
 ONE_OPTIMIZER_TWO_NAMES = """
@@ -161,12 +144,11 @@ print(json.dumps({"ok": bool(ok), "explain": stableguards.explain()}))
 """
 
 
+@requires_warm_start
 def test_two_names_for_one_optimizer_are_never_served_two_optimizers(tmp_path):
     """A frame that reached one optimizer through two arguments compiled code in which a change
     made through one shows through the other.  A warm process given two equal optimizers (each
     id check binds its own, and both identities match) must not be served that code."""
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     cold, warm = _cold_then_warm_program(ONE_OPTIMIZER_TWO_NAMES, tmp_path)
     assert cold["ok"] and warm["ok"], warm["explain"]  # served the cold code, warm returned 0.5
     assert "saved entry was not used" in warm["explain"] and "(one object at L['a'], L['b'])" in warm["explain"]
@@ -203,6 +185,7 @@ print(json.dumps({"ok": ok, "explain": stableguards.explain()}))
 """
 
 
+@requires_warm_start
 def test_an_entry_served_to_an_optimizer_is_released_with_it(tmp_path):
     """A job that makes its optimizer again and again (one at a time) compiles the step's
     frames that check it once per optimizer; each entry is released when its optimizer is
@@ -210,18 +193,15 @@ def test_an_entry_served_to_an_optimizer_is_released_with_it(tmp_path):
     installed from its saved ones are released as well (here the limit is 3 and 6
     optimizers come in turn, the warm process's last one new, which it compiles: Dynamo
     raises if the dead ones' entries are still counted)."""
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     cold, warm = _cold_then_warm_program(ONE_OPTIMIZER_AFTER_ANOTHER, tmp_path)
     assert cold["ok"] and warm["ok"], warm["explain"]
     assert "installed its saved compiled entry" in warm["explain"], warm["explain"]
     assert "was collected: released" in warm["explain"], warm["explain"]
 
 
+@requires_warm_start
 @pytest.mark.parametrize("batch_index", range(BATCHES))
 def test_a_warm_training_step_is_never_served_another_optimizers_step(batch_index, tmp_path_factory):
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     seed = None if BATCHES == 1 else random.randrange(2**32)
     print(f"seed {seed}")
     batch = draw(optimizer_cases(), CASES, seed)

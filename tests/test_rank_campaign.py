@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _children import requires_warm_start
 import torch
 from _drawing import draw
 from hypothesis import strategies as st
@@ -114,19 +115,10 @@ def _lie(store: Path) -> int:
     return replaced
 
 
-def _warm_start_available() -> bool:
-    import torch._dynamo  # noqa: F401 - installs the hooks
-
-    from stableguards.hooks import STATE
-
-    return "warm_start" in STATE.installed
-
-
+@requires_warm_start
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
 @pytest.mark.parametrize("batch_index", range(BATCHES))
 def test_no_rank_is_served_another_ranks_code(batch_index, tmp_path_factory):
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     seed = 3 if BATCHES == 1 else random.randrange(2**32)  # 3: a mix of every kind of fold and use
     batch = draw(cases(), CASES, seed, tries=6)
     root = tmp_path_factory.mktemp("ranks")

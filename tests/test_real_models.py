@@ -4,24 +4,17 @@ with eager."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _children import child_env, run_child
 
 CHILD = Path(__file__).resolve().parent / "_real_model_child.py"
 
 
 def _run(cache: Path, flag: bool, model: str, activation: str, mode: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), PYTHONHASHSEED="random")
-    proc = subprocess.run([sys.executable, str(CHILD), "1" if flag else "0", model, activation, mode],
-                          env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child([CHILD, "1" if flag else "0", model, activation, mode],
+                     child_env(cache, PYTHONHASHSEED="random"))
 
 
 @pytest.fixture(scope="module")

@@ -169,7 +169,7 @@ def test_redis_stopped_mid_run_warns_once_and_every_call_is_right(redis_server, 
 
     with torch._dynamo.config.patch(stable_guards=True), caplog.at_level(logging.WARNING):
         torch._dynamo.reset()
-        STATE.forget_process()
+        STATE.reset()
         torch.testing.assert_close(torch.compile(before)(x), before(x))
         assert open_store(None, url, key="").fetch("warm_start", next(iter(STATE.saved_here))) is not None
         proc.kill()
@@ -177,7 +177,7 @@ def test_redis_stopped_mid_run_warns_once_and_every_call_is_right(redis_server, 
         for _ in range(2):
             torch.testing.assert_close(torch.compile(after)(x), after(x))
         torch._dynamo.reset()
-        STATE.forget_process()
+        STATE.reset()
     warnings = [r.getMessage() for r in caplog.records if "stableguards" in r.getMessage()]
     assert sum("could not be read from redis://" in w for w in warnings) == 1, warnings
 

@@ -24,16 +24,16 @@ with more, each batch is drawn from a random seed, printed on failure).
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from _drawing import draw
+from _children import child_env, requires_warm_start, run_child
 from _warm_campaign import MUST_COMPILE, PER_PROCESS, TORCH_STALE, UNOBSERVABLE, Case, Feature, cases, sources
+
+pytestmark = requires_warm_start
 
 CHILD = Path(__file__).resolve().parent / "_warm_campaign_child.py"
 CASES = int(os.environ.get("STABLEGUARDS_WARM_CAMPAIGN_CASES", "10"))
@@ -54,15 +54,10 @@ def _write(src: Path, batch: list[Case], warm: bool) -> None:
 
 def _run(src: Path, cache: Path, flag: bool, names: list[str], store: Path | None = None,
          hash_seed: str = "random") -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE") and not k.startswith("STABLEGUARDS_STORE")}
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED=hash_seed)
+    env = child_env(cache, drop=("STABLEGUARDS_STORE",), PYTHONHASHSEED=hash_seed)
     if store is not None:
         env["STABLEGUARDS_STORE"] = str(store)
-    proc = subprocess.run([sys.executable, str(CHILD), str(src), "1" if flag else "0", *names], env=env,
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child([CHILD, src, "1" if flag else "0", *names], env)
 
 
 def _campaign(root: Path, batch: list[Case], flag: bool, two_machines: bool = False,
@@ -86,19 +81,8 @@ def _per_process(case: Case) -> bool:
     return any(f.kind in PER_PROCESS for f in case.features)
 
 
-
-def _warm_start_available() -> bool:
-    import torch._dynamo  # noqa: F401 - installs the hooks
-
-    from stableguards.hooks import STATE
-
-    return "warm_start" in STATE.installed
-
-
 @pytest.mark.parametrize("batch_index", range(BATCHES))
 def test_a_warm_process_is_never_served_stale_code(batch_index, tmp_path_factory):
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     seed = None if BATCHES == 1 else random.randrange(2**32)
     batch = draw(cases(), CASES, seed)
     print(f"seed {seed}")  # shown if a child process fails below
@@ -135,8 +119,6 @@ def test_a_warm_process_is_never_served_stale_code(batch_index, tmp_path_factory
 
 @pytest.mark.parametrize("batch_index", range(BATCHES))
 def test_a_process_on_another_machine_is_never_served_stale_code(batch_index, tmp_path_factory):
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     seed = 1 if BATCHES == 1 else random.randrange(2**32)  # other cases than the one-machine campaign's
     batch = draw(cases(), MACHINE_CASES, seed)
     root = tmp_path_factory.mktemp("machines")
@@ -236,8 +218,6 @@ PER_PROCESS_UNCHANGED = [
 
 @pytest.fixture(scope="module")
 def fixed_seed_batch(tmp_path_factory) -> tuple[dict, dict]:
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     return _campaign(tmp_path_factory.mktemp("seeded"), ADVERSARY, flag=True, hash_seed="7")
 
 
@@ -251,8 +231,6 @@ def test_what_a_graph_folds_from_a_name_is_checked_by_its_content(fixed_seed_bat
 
 @pytest.fixture(scope="module")
 def fixed_batches(tmp_path_factory) -> tuple[dict, dict]:
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     batch = (POLICIES_AND_EMPTY_GRAPHS + HELD_STATE + NO_GRAD_HELPERS + CALLS_UNDER_A_SETTING + COMPILED_AUTOGRAD_STEPS
              + FUNCTIONS_AND_DECORATORS + PER_PROCESS_UNCHANGED)
     return _campaign(tmp_path_factory.mktemp("fixed"), batch, flag=True)

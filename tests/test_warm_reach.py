@@ -2,15 +2,17 @@
 44): a module-level lambda, a namedtuple with a default, a branch on a view's storage offset,
 a config deep-copied (its id a memo key), a parametrized layer (its class made at run time).
 Cold then warm in two fresh processes, flag on, every result compared with eager in its own
-process.  A file of its own, so that it runs
-beside tests/test_warm_campaign.py rather than after it."""
+process.  A file of its own, so that it runs beside tests/test_warm_campaign.py rather than
+after it."""
 
 from __future__ import annotations
 
-import pytest
+from _children import requires_warm_start
 from _warm_campaign import Case, Feature
 
-from test_warm_campaign import _campaign, _starts_warm_unless_changed, _warm_start_available
+from test_warm_campaign import _campaign, _starts_warm_unless_changed
+
+pytestmark = requires_warm_start
 
 REACHED = [
     Case(f"reach_{kind}{variant}{'m' if module else 'f'}_{changed}", module, train,
@@ -35,6 +37,4 @@ def test_lambdas_namedtuple_defaults_views_and_copied_configs_start_warm(tmp_pat
     its id as a memo key: bound on the first call to an object of the same class and
     contents).  Unchanged, each starts warm; its body, default, field, offset or config value
     changed compiles again, and equals eager."""
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     _starts_warm_unless_changed(REACHED, *_campaign(tmp_path_factory.mktemp("reach"), REACHED, flag=True))

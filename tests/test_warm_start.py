@@ -29,6 +29,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from _children import child_env, requires_warm_start, run_child
 
 from stableguards.codes import code_digest
 from stableguards.components import Components, stable_repr
@@ -365,28 +366,15 @@ def _write(src: Path, sources: dict[str, str]) -> None:
 
 
 def _run(src: Path, cache: Path, names: list[str]) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED="random")
-    proc = subprocess.run([sys.executable, str(CHILD), str(src), *names], env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def _warm_start_available() -> bool:
-    import torch._dynamo  # noqa: F401 - installs the hooks
-
-    from stableguards.hooks import STATE
-
-    return "warm_start" in STATE.installed
+    return run_child([CHILD, src, *names], child_env(cache, PYTHONHASHSEED="random"))
 
 
 SEEDS = range(int(os.environ.get("STABLEGUARDS_WARM_CAMPAIGN_SEEDS", "1")))
 
 
+@requires_warm_start
 @pytest.mark.parametrize("seed", SEEDS)
 def test_warm_process_is_never_served_an_entry_that_does_not_match(tmp_path, seed):
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     cases = _case_sources(random.Random(seed))
     # Every case twice: "_same" keeps the cold source, "_changed" takes the other one.
     cold = {f"{n}_{v}": c for n, (c, _) in cases.items() for v in ("same", "changed")}
@@ -426,9 +414,10 @@ def _restart_in_process() -> None:
     from stableguards.warm_start.state import STATE
 
     torch._dynamo.reset()
-    STATE.forget_process()
+    STATE.reset()
 
 
+@requires_warm_start
 def test_a_corrupt_or_failing_entry_compiles_as_usual(tmp_path, monkeypatch, caplog):
     """A truncated entry file, then an install that raises: each time the function compiles
     in the same process, equals eager, and the user's call never fails."""
@@ -438,8 +427,6 @@ def test_a_corrupt_or_failing_entry_compiles_as_usual(tmp_path, monkeypatch, cap
     import torch._C._dynamo.eval_frame
     import torch._dynamo.utils as dynamo_utils
 
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
 
     def f(x):
@@ -471,6 +458,7 @@ def test_a_corrupt_or_failing_entry_compiles_as_usual(tmp_path, monkeypatch, cap
     assert any("could not be installed" in r.getMessage() for r in caplog.records)
 
 
+@requires_warm_start
 def test_an_entry_saved_for_compiled_autograd_serves_torchs_cache_when_its_frame_is_traced(tmp_path, monkeypatch,
                                                                                           caplog):
     """Under compiled autograd a training graph's AOTAutograd entry holds its backward
@@ -484,8 +472,6 @@ def test_an_entry_saved_for_compiled_autograd_serves_torchs_cache_when_its_frame
     import torch
     import torch._dynamo.utils as dynamo_utils
 
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
 
@@ -516,11 +502,10 @@ def test_an_entry_saved_for_compiled_autograd_serves_torchs_cache_when_its_frame
     assert not [r.getMessage() for r in caplog.records if "stableguards" in r.getMessage()]
 
 
+@requires_warm_start
 def test_a_kernel_missing_from_the_cache_dir_is_built_again_on_load(tmp_path):
     """A warm load skips inductor's precompiled-header step (the kernels are on disk);
     a kernel deleted from the cache dir is compiled again without one, and is right."""
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     source = "import torch\ndef fn(x):\n    return (x.sin() * 3).cumsum(0)\ndef build():\n    return fn, {}\n"
     _write(tmp_path / "src", {"kernel": source})
     cold = _run(tmp_path / "src", tmp_path / "cache", ["kernel"])
@@ -540,12 +525,7 @@ def _cold_then_warm(script: str, cache: Path) -> list[dict]:
 
 def _run_script(script: str, cache: Path, **extra: str) -> dict:
     """``script`` in a fresh process on ``cache`` (``extra``: more environment)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE")}
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), **extra)
-    proc = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent)], env=env,
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child(["-c", script, Path(__file__).parent], child_env(cache, **extra))
 
 
 NOTHING_TO_COMPUTE = textwrap.dedent("""
@@ -573,12 +553,11 @@ NOTHING_TO_COMPUTE = textwrap.dedent("""
 """)
 
 
+@requires_warm_start
 def test_a_graph_with_nothing_to_compute_starts_warm(tmp_path):
     """``return loss.detach()`` after a graph break: inductor returns the graph module as it
     is, which torch cannot bundle; our entry holds the module itself, and a restart traces
     nothing."""
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     cold, warm = _cold_then_warm(NOTHING_TO_COMPUTE, tmp_path)
     assert cold["ok"] and "torch_dynamo_resume_in_infer_at_12" in cold["traced"], cold
     assert warm["ok"] and warm["traced"] == [], warm
@@ -630,6 +609,7 @@ COMPILED_AUTOGRAD = textwrap.dedent("""
 """)
 
 
+@requires_warm_start
 def test_compiled_autograd_step_starts_warm(tmp_path):
     """Compiled autograd traces a training step's backward itself, so AOTAutograd never compiled
     the backward graph the step's entry needs, and the entry was never saved (it used to wait
@@ -642,8 +622,6 @@ def test_compiled_autograd_step_starts_warm(tmp_path):
     graph calls) makes another graph: compiled, never served the cold one's code.  One whose
     hook differs only in what its closure holds makes the same graph, in the same module: its
     entry is installed, and its guards on the hook refuse the call."""
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     cold, warm = runs = _cold_then_warm(COMPILED_AUTOGRAD, tmp_path)
     (tmp_path / "hook").mkdir()
     (tmp_path / "hook" / "_ca_hook.py").write_text("def scaled(k):\n    return lambda grad: grad * k\n")
@@ -684,12 +662,11 @@ FX_GRAPH_MODULE = textwrap.dedent("""
 """)
 
 
+@requires_warm_start
 def test_a_graph_modules_code_is_keyed_by_what_its_globals_are(tmp_path):
     """A graph module torch.fx generated runs in globals of its own; its entry is keyed by its
     code and what every one of them is (``warm_start.fx_home``): a restart whose graph has the
     same code but calls a function whose body differs finds no entry for it."""
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     wrapped = tmp_path / "wrapped"
     wrapped.mkdir()
     runs = []
@@ -742,6 +719,7 @@ BACKWARD_IN_OR_OUT = textwrap.dedent("""
 """)
 
 
+@requires_warm_start
 def test_a_backward_compiled_autograd_may_take_is_saved_by_whoever_runs_it_first(tmp_path):
     """A graph compiled where compiled autograd is on saves its entry at its backward's first use.
     Traced by compiled autograd, the backward is saved uncompiled: the cold process compiles the
@@ -749,8 +727,6 @@ def test_a_backward_compiled_autograd_may_take_is_saved_by_whoever_runs_it_first
     outside compiled autograd runs it as its graph module, and equals eager.  Run first outside
     compiled autograd, torch compiles the backward, and the entry holds it compiled.  An entry
     whose backward may be uncompiled is keyed apart: a process with the flag off never finds it."""
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     traced_cold = _run_script(BACKWARD_IN_OR_OUT, tmp_path / "traced", UNDER_CA="1")
     traced_warm = _run_script(BACKWARD_IN_OR_OUT, tmp_path / "traced", UNDER_CA="0")
     flag_off = _run_script(BACKWARD_IN_OR_OUT, tmp_path / "traced", UNDER_CA="0", FLAG="0")
@@ -787,12 +763,11 @@ DROPPED_BEFORE_BACKWARD = textwrap.dedent("""
 """)
 
 
+@requires_warm_start
 def test_an_entry_waiting_for_its_backward_outlives_its_compiled_function(tmp_path):
     """``torch.compile(fn)(x).backward()``: the compiled function (and its package) is dropped
     before the backward compiles, which is when a training graph's entry can be saved.  The
     entry is saved all the same, and a restart installs it."""
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     cold, warm = _cold_then_warm(DROPPED_BEFORE_BACKWARD, tmp_path)
     assert cold["ok"] and cold["traced"] == ["loss"], cold
     assert warm["ok"] and warm["traced"] == [], warm["explain"]
@@ -835,23 +810,21 @@ def _chunked(cache: Path, stance: str = "default", job_id: str | None = None, ne
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@requires_warm_start
 def test_a_warm_process_builds_no_graph_the_cold_one_did_not(tmp_path):
     """With a job id torch's profile marks S dynamic from the warm process's first compile,
     which then builds a graph the cold process never built; the saved entries serve every
     call the cold process served instead."""
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     cold, warm = (_chunked(tmp_path, job_id="chunked") for _ in range(2))
     assert cold["ok"] and cold["graphs"] == 4  # S = 8, 12 (dynamic), 16, 20
     assert warm["ok"] and warm["graphs"] == 0 and warm["frames"] == 0
 
 
+@requires_warm_start
 def test_loaded_entries_join_dynamos_cache_as_traced_ones_do(tmp_path):
     """A loaded entry becomes one of Dynamo's cache entries on its first call, so the
     entry that served the last call is tried first, as in the cold process; under
     fail_on_recompile from the first call, saved shapes run and a new one is refused."""
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     cold = _chunked(tmp_path)
     warm = _chunked(tmp_path, new_shape=24)  # a recompile beside the loaded entries
     strict = _chunked(tmp_path, stance="fail_on_recompile", new_shape=28)  # 24 was saved by warm
@@ -901,6 +874,7 @@ def _hot_load_counts(flag: bool) -> list[tuple]:
     return rows
 
 
+@requires_warm_start
 def test_the_mega_cache_and_torchs_cache_counters_mean_what_they_mean_without_the_flag(tmp_path, monkeypatch):
     """A package compile names its graph with a fresh id that torch puts in the
     AOTAutograd key: with the flag on, a recompile after save/load_cache_artifacts
@@ -908,8 +882,6 @@ def test_the_mega_cache_and_torchs_cache_counters_mean_what_they_mean_without_th
     test_cache_hot_load_repeat).  Entries saved for warm start are not torch's
     mega-cache artifacts, and a hit on a bundled entry counts as the FX-graph hit
     the unbundled entry would have been."""
-    if not _warm_start_available():
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     off = _hot_load_counts(False)
     on = _hot_load_counts(True)

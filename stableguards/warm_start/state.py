@@ -92,9 +92,10 @@ class WarmStart:
         body, would share one row.  The key holds the code, so its id stays its own."""
         return id(code), code
 
-    def forget_process(self) -> None:
-        """What a restarted process would not know: what it saved and installed, and which
-        contexts it made (for tests that restart within one process)."""
+    def reset(self) -> None:
+        """Forget what a restarted process would not know: what this one saved and installed,
+        and which contexts it made (``registry.reset``: for tests, also ones that restart
+        within one process).  Tables that follow live objects stay."""
         self.saved_here.clear()
         self.contexts.clear()
         self.installed.clear()

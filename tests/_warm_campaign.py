@@ -321,11 +321,13 @@ def _feature(p: _Program, case: Case, i: int, f: Feature, changed: bool) -> None
                       f"    def forward(self, w):\n        return w.{op}() * {k}")
         if case.module:
             p.build.append(f"parametrize.register_parametrization(net.lin, {name!r}, Param{i}())")
-        else:
-            p.main.append(f"PLIN{i} = torch.nn.Linear(8, 8).requires_grad_(False)\nwith torch.no_grad():\n"
-                          f"    PLIN{i}.weight.copy_(torch.linspace(-0.5, 0.5, 64).view(8, 8))\n"
-                          f"    PLIN{i}.bias.fill_(0.1)\n"
-                          f"parametrize.register_parametrization(PLIN{i}, {name!r}, Param{i}())")
+        else:  # made in build(), under the ambient setting (the default dtype), as the module is
+            p.main.append(f"PLIN{i} = None\n\n\ndef _plin{i}(name):\n"
+                          f"    layer = torch.nn.Linear(8, 8).requires_grad_(False)\n    with torch.no_grad():\n"
+                          f"        layer.weight.copy_(torch.linspace(-0.5, 0.5, 64).view(8, 8))\n"
+                          f"        layer.bias.fill_(0.1)\n"
+                          f"    parametrize.register_parametrization(layer, name, Param{i}())\n    return layer")
+            p.build += [f"global PLIN{i}", f"PLIN{i} = _plin{i}({name!r})"]
             p.steps.append(f"y = PLIN{i}(y)")
     elif kind == "id_number":  # an object's id read as a number: each process's own
         p.helper.append(f"class Marker{i}:\n    pass\n\nMARKER{i} = Marker{i}()")

@@ -101,6 +101,10 @@ def test_a_warm_process_is_never_served_stale_code(batch_index, tmp_path_factory
                  and not (label == "off, warm" and kinds[name] in TORCH_STALE)]
         assert not wrong, (label, wrong, report)
     assert not [run for run in on if "fallbacks" in run["explain"]], report  # no hook failed
+    # A frame torch's code runs under compiled autograd (``inspect.isclass``) is compiled once per
+    # process, for whichever case reaches it first: where a case that ran under compiled autograd
+    # in the cold process runs without it in the warm one, another case's warm process traces it.
+    shared = any(case.change_kind() == "ambient:compiled_autograd" for case in batch)
     for case in batch:
         cold, warm = on[0]["cases"][case.name], on[1]["cases"][case.name]
         if _per_process(case):  # its values are each process's own: compiled again, never served
@@ -109,7 +113,7 @@ def test_a_warm_process_is_never_served_stale_code(batch_index, tmp_path_factory
         assert warm["eager"] == off[1]["cases"][case.name]["eager"], (case, report)
         if case.changed is None:
             assert warm["eager"] == cold["eager"], (case, report)
-            if case.ambient not in LEFT_OUT:
+            if case.ambient not in LEFT_OUT and not (shared and case.ambient == "compiled_autograd"):
                 assert warm["frames"] == 0, (case.name, report)  # unchanged programs start warm
         elif case.change_kind() not in UNOBSERVABLE:
             assert warm["eager"] != cold["eager"], (case, report)  # the change shows

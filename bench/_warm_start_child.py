@@ -63,6 +63,22 @@ def transformer() -> tuple:
     return model, inputs, run
 
 
+def parametrized() -> tuple:
+    """An MLP whose weights are weight-normalized (``parametrizations.weight_norm``, as audio
+    models have them): ``register_parametrization`` makes each layer's class at run time."""
+    torch.manual_seed(0)
+    model = Mlp().eval()
+    for layer in (model.net[0], model.net[2]):
+        torch.nn.utils.parametrizations.weight_norm(layer)
+    inputs = [(torch.randn(4, 16),) for _ in range(3)]
+
+    def run(compiled, args):
+        with torch.no_grad():
+            return compiled(*args)
+
+    return model, inputs, run
+
+
 class ChunkedFeedForward(torch.nn.Module):
     """BERT's ``chunk_size_feed_forward``: the sequence is cut into S // 4 chunks, which
     pins S; automatic dynamic shapes mark S dynamic after it varies."""
@@ -151,7 +167,8 @@ def ab_workload(name: str) -> tuple:
     return workload.fn, [workload.make_args(call, gen) for call in workload.calls], lambda c, a: c(*a)
 
 
-REALISTIC = {"transformer": transformer, "train_step": train_step, "chunk_ff": chunk_ff, "gan_step": gan_step}
+REALISTIC = {"transformer": transformer, "train_step": train_step, "chunk_ff": chunk_ff, "gan_step": gan_step,
+             "parametrized": parametrized}
 
 
 def per_call(run, compiled, args) -> float:

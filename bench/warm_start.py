@@ -37,7 +37,8 @@ from pathlib import Path
 from columns import aligned
 
 HERE = Path(__file__).resolve().parent
-WORKLOADS = ("transformer", "train_step", "chunk_ff", "gan_step", "seed", "dict_collide", "list_overmarked", "closure")
+WORKLOADS = ("transformer", "train_step", "chunk_ff", "gan_step", "parametrized", "seed", "dict_collide",
+             "list_overmarked", "closure")
 FLAGS = {"off": "0", "on": "1"}
 
 

@@ -29,8 +29,8 @@ import random
 from pathlib import Path
 
 import pytest
-from _drawing import draw
 from _children import child_env, requires_warm_start, run_child
+from _drawing import draw
 from _warm_campaign import MUST_COMPILE, PER_PROCESS, TORCH_STALE, UNOBSERVABLE, Case, Feature, cases, sources
 
 pytestmark = requires_warm_start

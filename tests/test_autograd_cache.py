@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _children import child_env, run_child
+from _children import child_env, requires_warm_start, run_child
 
 CHILD = Path(__file__).resolve().parent / "_autograd_cache_child.py"
 KEYED = ["custom_function", "checkpoint", "hook_method", "hook_wrapped", "compiled_autograd"]
@@ -76,18 +76,13 @@ def test_a_bypass_that_remains_is_named_with_its_fix(runs):
     assert "give the context_fn a `cache_hash`" in result["explain"]
 
 
+@requires_warm_start
 def test_warm_start_checks_what_a_checkpointing_policy_reads(tmp_path):
     """A checkpointing policy runs without Dynamo tracing or guarding it: the saved entry
     checks what the context_fn at its source runs and reads (the policy, and the global the
     policy reads), so a restart with the same policy starts warm and one whose policy reads
     another value compiles again instead of being served the old graph.  A policy that closes
     over an object with no identity stays bypassed, and its frame has no entry."""
-    import torch._dynamo  # noqa: F401 - installs the hooks
-
-    from stableguards.hooks import STATE
-
-    if "warm_start" not in STATE.installed:
-        pytest.skip("warm start needs torch 2.15")
     cases = ["checkpoint", "checkpoint_opaque"]
     cold = _run(tmp_path, True, "a", cases, warm_start=True)
     warm = _run(tmp_path, True, "a", cases, warm_start=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _children import child_env, run_child
+from _children import child_env, run_child, warm_start_available
 
 CHILD = Path(__file__).resolve().parent / "_real_model_child.py"
 
@@ -20,11 +20,7 @@ def _run(cache: Path, flag: bool, model: str, activation: str, mode: str) -> dic
 @pytest.fixture(scope="module")
 def warm_start():
     pytest.importorskip("transformers")
-    import torch._dynamo  # noqa: F401 - installs the hooks
-
-    from stableguards.hooks import STATE
-
-    if "warm_start" not in STATE.installed:
+    if not warm_start_available():
         pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
 
 

@@ -7,6 +7,7 @@ they prove the product promise end to end, where the others test the parts.
 from __future__ import annotations
 
 import pytest
+from _children import requires_warm_start
 from bench_programs import WORKLOADS, cold_and_warm, restart_ab, restart_child
 
 
@@ -85,15 +86,10 @@ def test_a_restart_miss_is_explained_by_the_key_component_and_symbol():
     assert "example_inputs" in miss and "s68" in miss and "s69" in miss
 
 
+@requires_warm_start
 def test_warm_start_traces_nothing_on_a_restart_where_torch_supports_it():
     """torch 2.15: the warm process installs every frame the cold one compiled (no job id:
     the open-source default)."""
-    import torch._dynamo  # noqa: F401 - installs the hooks
-
-    from stableguards.hooks import STATE
-
-    if "warm_start" not in STATE.installed:
-        pytest.skip("warm start needs torch's per-compile package bypass (torch 2.15)")
     warm = restart_ab("seed", "inductor", "on", "unset")["warm"]  # the demo's command line
     assert warm["compiles"] == 0 and warm["matches_eager"], warm
     assert "installed its saved compiled entry" in warm["explain"]

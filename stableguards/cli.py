@@ -67,12 +67,12 @@ def main(argv: list[str] | None = None) -> int:
 def _audit(cache_dir: str | None) -> int:
     """Every saved entry's trusted identities and unguarded facts (warm_start.audit)."""
     from stableguards.hooks.core import cache_subdir
-    from stableguards.store import open_store
+    from stableguards.storage import configured
     from stableguards.warm_start.audit import report
     from stableguards.warm_start.hooks.saved import saved_proofs
 
     root = Path(cache_dir) / "stableguards" if cache_dir else cache_subdir("warm_start").parent
-    print(report(saved_proofs(root / "warm_start", open_store(root / "store"))))
+    print(report(saved_proofs(root / "warm_start", configured(root / "store"))))
     return 0
 
 

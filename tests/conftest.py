@@ -94,7 +94,7 @@ def processes():
     them itself (seconds apiece), and eight writers would start seconds apart.  The server
     keeps the environment it started with: give a process what it needs as arguments."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["stableguards.store", "stableguards.profiles.store"])
+    context.set_forkserver_preload(["stableguards.storage", "stableguards.profiles.store"])
     return context
 
 

@@ -86,7 +86,7 @@ def test_the_ledger_is_bounded_and_evicts_the_least_recently_used(tmp_path):
 def test_the_shared_ledger_keeps_the_most_recent_keys_newest_first(tmp_path):
     """The ledger in a shared store: another process (another machine) reads what was recorded."""
     from stableguards.keys.ledger import SharedKeyLedger
-    from stableguards.store.engines import DirectoryEngine
+    from stableguards.storage.engines import DirectoryEngine
 
     engine = DirectoryEngine(tmp_path)
     ledger = SharedKeyLedger(engine, capacity=3)

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from stableguards.store import open_store
-from stableguards.store.engines import RedisEngine
+from stableguards.storage import open_store
+from stableguards.storage.engines import RedisEngine
 
 pytestmark = pytest.mark.skipif(not hasattr(torch._dynamo.package.CompilePackage, "bypass_current_compile"),
                                 reason="warm start needs torch 2.15")

@@ -1,4 +1,4 @@
-"""The shared store's protocol (stableguards.store), on a directory and on a real redis-server:
+"""The shared store's protocol (stableguards.storage), on a directory and on a real redis-server:
 entries by digest, verified and signed, atomic, with leases.  No torch here."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from stableguards.store import open_store
-from stableguards.store.content import ContentStore, Unusable
-from stableguards.store.engines import DirectoryEngine, RedisEngine, Unavailable
+from stableguards.storage import open_store
+from stableguards.storage.content import ContentStore, Unusable
+from stableguards.storage.engines import DirectoryEngine, RedisEngine, Unavailable
 
 
 @pytest.fixture(params=["directory", "redis"])
@@ -164,7 +164,7 @@ def test_an_expired_directory_lease_goes_to_one_claimant(tmp_path):
 def test_a_late_claimant_never_removes_the_fresh_lease_another_made(tmp_path):
     """The interleaving two claimants of an expired lease can meet: b read the expired lease,
     a broke it and made its own, then b breaks what it read: a's fresh lease stays."""
-    from stableguards.store.engines import _break, _lease_record
+    from stableguards.storage.engines import _break, _lease_record
 
     engine = DirectoryEngine(tmp_path)
     assert engine.claim("leases/x", "dead", 0.01)

@@ -16,8 +16,8 @@ from stableguards.hooks.core import Hook, TorchError, cache_subdir
 from stableguards.hooks.operators import Opaque, custom_operators, kernels
 from stableguards.keys import messages
 from stableguards.keys.ledger import KeyLedger, KeyRecord, SharedKeyLedger, differences, nearest
-from stableguards.store import STORE_ENV, Unavailable, open_store
-from stableguards.store.hooks import holds_fx_graph
+from stableguards.storage import STORE_ENV, Unavailable, configured
+from stableguards.storage.artifacts import holds_fx_graph
 
 
 def _compiled_fx_graph_hash(call: Any, *args: Any, **kwargs: Any) -> Any:
@@ -38,7 +38,7 @@ def _explain_fx_key(key: str, debug_lines: list[str]) -> None:
         _explain(record, KeyLedger(cache_subdir("fxkeys")), local_miss)
         return
     try:
-        _explain(record, SharedKeyLedger(open_store(None).engine), local_miss and not holds_fx_graph(key))
+        _explain(record, SharedKeyLedger(configured(None).engine), local_miss and not holds_fx_graph(key))
     except Unavailable:
         pass  # an unreachable store is warned about where artifacts are read; this only explains
 

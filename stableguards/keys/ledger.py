@@ -22,7 +22,7 @@ from pathlib import Path
 
 from stableguards.components import Components
 from stableguards.files import atomic_write
-from stableguards.store.engines import Engine
+from stableguards.storage.engines import Engine
 
 _LINE = re.compile(r"\[(?P<hash>[^\]]+)\] (?P<name>[^:]+): (?P<value>.*)", re.DOTALL)
 # Enough of a value to show what differs; the graph's code can be long.

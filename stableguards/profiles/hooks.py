@@ -20,7 +20,7 @@ from stableguards.profiles.profile import DYNAMIC, UNSET, CodeKey, Dim, Dims, Pr
 from stableguards.profiles.profile import ProfileError, State, specialized, static
 from stableguards.profiles.session import handed_on
 from stableguards.profiles.state import STATE
-from stableguards.store import STORE_ENV, is_redis
+from stableguards.storage import STORE_ENV, is_redis
 from stableguards.profiles.store import LocalStore, NewerProfile, ProfileStore, RedisStore, TieredStore, decode, encode
 
 REDIS_ENV_VAR = "STABLEGUARDS_PGO_REDIS_URL"

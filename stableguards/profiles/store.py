@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from stableguards.events import EVENTS
 from stableguards.files import atomic_write
-from stableguards.store.engines import redacted
+from stableguards.storage.engines import redacted
 from stableguards.profiles.profile import VERSION, Profile, ProfileError, dumps, from_json
 
 

@@ -8,7 +8,7 @@ artifact under its digest, verified (and signed with ``STABLEGUARDS_STORE_KEY``)
 unpickles it.  So a replica on a fresh machine, or a frame warm start leaves out, finds the
 graphs another process compiled; torch's keys decide what matches, as with its own remote
 caches, with the machine's CPU vector ISA added to each name (torch's key leaves it out, and a
-graph's C++ is written for one: see ``_name``).
+graph's C++ is written for one: see ``storage.artifacts.name``).
 
 A torch setting the user chose keeps its meaning: the store stands in only where torch's
 remote cache setting is unset (``fx_graph_remote_cache``, ``enable_remote_autograd_cache``),
@@ -17,49 +17,32 @@ and only while the local cache is on and caches are not force-disabled.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from stableguards.hooks.core import Hook
-from stableguards.store import STORE_ENV, ContentStore, Unavailable, Unusable, messages, open_store
-
-FX_GRAPHS = "fx_graph"
-AOT_ENTRIES = "aot_autograd"
-
-
-def _serves(namespace: str) -> bool:
-    """Whether the store stands in for torch's remote cache of ``namespace`` now."""
-    if not os.environ.get(STORE_ENV):
-        return False
-    import torch._functorch.config as functorch_config
-    import torch._inductor.config as inductor_config
-    import torch.compiler.config as compiler_config
-
-    if compiler_config.force_disable_caches:
-        return False
-    if namespace == FX_GRAPHS:
-        return inductor_config.fx_graph_remote_cache is None and bool(inductor_config.fx_graph_cache)
-    return functorch_config.enable_remote_autograd_cache is None and bool(functorch_config.enable_autograd_cache)
+from stableguards.storage import ContentStore, Unavailable, Unusable, configured
+from stableguards.storage.artifacts import AOT_ENTRIES, FX_GRAPHS, name, serves
+from stableguards.store import messages
 
 
 def _use_remote_fx_graph_cache(call: Any) -> bool:
     """Whether inductor asks a remote cache for compiled graphs: the store, if it serves."""
-    return True if _serves(FX_GRAPHS) else call()
+    return True if serves(FX_GRAPHS) else call()
 
 
 def _use_remote_autograd_cache(call: Any) -> bool:
     """Whether AOTAutograd asks a remote cache for its entries: the store, if it serves."""
-    return True if _serves(AOT_ENTRIES) else call()
+    return True if serves(AOT_ENTRIES) else call()
 
 
 def _fx_graph_remote_cache(call: Any) -> Any:
     """The remote cache inductor reads and writes compiled graphs in: the store, if it serves."""
-    return _store_cache(FX_GRAPHS) if _serves(FX_GRAPHS) else call()
+    return _store_cache(FX_GRAPHS) if serves(FX_GRAPHS) else call()
 
 
 def _autograd_remote_cache(call: Any) -> Any:
     """The remote cache AOTAutograd reads and writes its entries in: the store, if it serves."""
-    return _store_cache(AOT_ENTRIES) if _serves(AOT_ENTRIES) else call()
+    return _store_cache(AOT_ENTRIES) if serves(AOT_ENTRIES) else call()
 
 
 def _store_cache(namespace: str) -> Any:
@@ -73,7 +56,7 @@ def _store_cache(namespace: str) -> Any:
 
         def _get(self, key: str) -> bytes | None:
             try:
-                data = self.store.fetch(namespace, _name(key))
+                data = self.store.fetch(namespace, name(key))
             except (Unusable, Unavailable) as error:  # one warning, then torch compiles as on a miss
                 messages.unreadable(namespace, self.store.describe(), error)
                 return None
@@ -83,7 +66,7 @@ def _store_cache(namespace: str) -> Any:
 
         def _put(self, key: str, data: bytes) -> None:
             try:
-                self.store.publish(namespace, _name(key), data)
+                self.store.publish(namespace, name(key), data)
             except Unavailable as error:
                 messages.unwritable(namespace, self.store.describe(), error)
                 return
@@ -92,27 +75,7 @@ def _store_cache(namespace: str) -> Any:
     class StableguardsStore(RemoteCache[Any]):  # the name TORCH_LOGS=cache reports
         pass
 
-    return StableguardsStore(StoreBackend(open_store(None)), RemoteCacheJsonSerde())
-
-
-def holds_fx_graph(key: str) -> bool:
-    """Whether the store serves inductor's graphs and has one under ``key`` (its record only:
-    whether it verifies is found when torch reads it).  Raises Unavailable."""
-    return _serves(FX_GRAPHS) and open_store(None).has(FX_GRAPHS, _name(key))
-
-
-def _name(key: str) -> str:
-    """The store's name for torch's key: with this machine's CPU vector ISA (``cpu_isa``)."""
-    return f"{key}.{cpu_isa()}"
-
-
-def cpu_isa() -> str:
-    """The CPU vector ISA inductor writes C++ for on this machine (``avx512+avx512_vnni``).  The
-    vector width is in the loops it writes, and torch's cache keys do not hold it: what a
-    machine with another ISA compiled must be a miss here, never a hit."""
-    from torch._inductor.cpu_vec_isa import pick_vec_isa
-
-    return str(pick_vec_isa()).replace(" ", "+") or "novec"
+    return StableguardsStore(StoreBackend(configured(None)), RemoteCacheJsonSerde())
 
 
 _FX = "torch._inductor.compile_fx"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from stableguards.events import EVENTS
+from stableguards.storage.messages import warn_unreadable, warn_unwritable
 
 _WHAT = {"fx_graph": "an inductor graph", "aot_autograd": "an AOTAutograd entry"}
 
@@ -25,15 +26,3 @@ def unreadable(namespace: str, store: str, error: Exception) -> None:
 
 def unwritable(namespace: str, store: str, error: Exception) -> None:
     warn_unwritable(_WHAT[namespace], store, error)
-
-
-# One warning per process for the store, whatever failed first (a wrong key or an unreachable
-# Redis fails every read alike); explain() names each entry.
-def warn_unreadable(what: str, store: str, error: Exception) -> None:
-    EVENTS.warn_once("store read", f"stableguards: {what} could not be read from {store} ({error!s:.200}); "
-                                   f"compiling as usual")
-
-
-def warn_unwritable(what: str, store: str, error: Exception) -> None:
-    EVENTS.warn_once("store write", f"stableguards: {what} could not be saved to {store} ({error!s:.200}); "
-                                    f"it is compiled again after a restart")

@@ -51,10 +51,10 @@ from stableguards.codes import descriptor_source, frame_label
 from stableguards.components import Components
 from stableguards.events import EVENTS
 from stableguards.hooks.core import Hook, cache_subdir, registered_name
-from stableguards.store import ContentStore, open_store
-from stableguards.store import messages as store_messages
-from stableguards.store.hooks import cpu_isa
-from stableguards.store.content import lease_seconds
+from stableguards.storage import ContentStore, configured
+from stableguards.storage import messages as store_messages
+from stableguards.storage.artifacts import cpu_isa
+from stableguards.storage.content import lease_seconds
 from stableguards.warm_start import fx_home, messages, variants
 from stableguards.warm_start.hooks import bundling, folds, graph_params, guards, loaded, optimizer_init, proofs
 from stableguards.warm_start.identity import module_of_globals
@@ -451,7 +451,7 @@ _CALLS = "warm_start_calls"  # the calls an entry's variants are chosen by (warm
 
 def _entries() -> ContentStore:
     """Our entries' store: ``STABLEGUARDS_STORE``, or a directory of ours in the cache dir."""
-    return open_store(cache_subdir("store"))
+    return configured(cache_subdir("store"))
 
 
 def _bypass_current_compile(call: Any, *args: Any, **kwargs: Any) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from stableguards.components import Components
-from stableguards.store import ContentStore
+from stableguards.storage import ContentStore
 from stableguards.warm_start.proof import Proof
 
 # Loaded for real: what torch's and Python's own pickles name.  Anything else (the user's

@@ -31,7 +31,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from stableguards.store.engines import Engine
+from stableguards.storage.engines import Engine
 
 FORMAT = 1
 

@@ -1,6 +1,6 @@
 """Where the shared store's bytes live: a directory (the default) or Redis (for fleets).
 
-An engine knows names and bytes, nothing of what they mean (``store.content`` does):
+An engine knows names and bytes, nothing of what they mean (``storage.content`` does):
 
 * ``get(name)`` the bytes stored under ``name``, or None;
 * ``put(name, data)`` replaces them atomically: a reader sees the old bytes or

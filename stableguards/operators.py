@@ -12,7 +12,7 @@ upgraded between two processes keeps the name and changes what the graph
 holds.
 
 So an operator is described by every Python kernel it has, each by what it
-runs and reads (``autograd_cache.reads``), and the description is checked to
+runs and reads (``identity.reads``), and the description is checked to
 be complete against the dispatcher itself: each kernel the dispatcher holds
 from Python (its table names the file a registration came from) must be one
 this process saw registered (``hooks.operators``), or one torch's own

@@ -1,6 +1,6 @@
 """Held-out scenarios for warm start: changes between a cold and a warm process that the
 campaign's grammar (tests/_warm_campaign.py) does not draw, written as an adversary of
-warm_start.identity, warm_start.facts and stableguards.operators would.  Not part of any
+identity.objects, warm_start.facts and stableguards.operators would.  Not part of any
 draw: tests/test_held_out.py runs them only with STABLEGUARDS_HELD_OUT=1, before an issue
 about warm start's soundness is resolved.
 

@@ -156,7 +156,7 @@ def test_a_compiled_autograd_op_is_named_only_where_torch_bound_it():
     under a name it was not bound to are not."""
     from torch._dynamo.compiled_autograd import Op, ops
 
-    from stableguards.autograd_cache.hooks import compiled_autograd_identity
+    from stableguards.identity.compiled_autograd import compiled_autograd_identity
 
     bound = []
 
@@ -208,7 +208,7 @@ def test_a_backward_prologue_is_described_by_its_code_and_the_metadata_it_reads(
     import torch._dynamo.compiled_autograd  # noqa: F401 - what the rule looks for
     from torch._functorch._aot_autograd.schemas import MemoryFormatMeta, PlainTensorMeta
 
-    from stableguards.autograd_cache.hooks import compiled_autograd_identity
+    from stableguards.identity.compiled_autograd import compiled_autograd_identity
 
     def meta(stride):
         return [PlainTensorMeta(0, MemoryFormatMeta(size=torch.Size([2, 3]), stride=stride))]

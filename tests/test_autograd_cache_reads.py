@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from stableguards.autograd_cache.reads import code_names, reads_identity, versioned
+from stableguards.identity.reads import code_names, reads_identity, versioned
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
-from stableguards.autograd_cache.reads import reads_identity
+from stableguards.identity.reads import reads_identity
 from stableguards.operators import Opaque, Recorded, registrations
 from stableguards.operators import describe as describe_operator
 from stableguards.warm_start import facts
@@ -37,7 +37,9 @@ from stableguards.warm_start.guard_rules import (
     rule_for,
     unproven,
 )
-from stableguards.warm_start.identity import Identities, by_state, covers, graph_tensor, identity
+from stableguards.identity.covers import covers
+from stableguards.identity.names import by_state, graph_tensor
+from stableguards.identity.objects import identity, Identities
 from stableguards.warm_start.proof import Proof, Recheck, check
 from stableguards.warm_start.state import Binding
 
@@ -156,14 +158,14 @@ def test_a_c_function_is_its_import_name_and_its_packages_version(monkeypatch):
     assert identity(math.sin) == "builtin:math.sin"  # the interpreter's: its version is in the key
     module = types.ModuleType("sg_c_ext")
     monkeypatch.setitem(sys.modules, "sg_c_ext", module)
-    from stableguards.warm_start import identity as rules
+    from stableguards.identity import names as rules
 
-    rules._version.cache_clear()
-    assert rules._version("sg_c_ext") is None  # no version: no identity
+    rules.package_version.cache_clear()
+    assert rules.package_version("sg_c_ext") is None  # no version: no identity
     module.__version__ = "1.2"
-    rules._version.cache_clear()
-    assert rules._version("sg_c_ext.sub") == "@1.2"
-    rules._version.cache_clear()
+    rules.package_version.cache_clear()
+    assert rules.package_version("sg_c_ext.sub") == "@1.2"
+    rules.package_version.cache_clear()
 
 
 def test_identity_has_no_answer_where_nothing_names_the_object_elsewhere():
@@ -382,7 +384,7 @@ def test_a_module_copy_is_a_copy_of_its_module_from_its_file():
     import operator
     import types
 
-    from stableguards.warm_start.identity import module_copy
+    from stableguards.identity.names import module_copy
 
     spec = importlib.util.find_spec("operator")
     py_operator = importlib.util.module_from_spec(spec)  # as torch 2.15's polyfills load it
@@ -453,8 +455,8 @@ def _fx_scope(source: str, thing: object = None) -> tuple[dict, types.FunctionTy
 
 
 def test_torch_fx_code_is_homed_by_its_code_and_every_global():
-    from stableguards.warm_start import fx_home
-    from stableguards.warm_start.identity import module_of_globals
+    from stableguards.identity import fx_home
+    from stableguards.identity.names import module_of_globals
 
     def home(scope_and_forward: tuple[dict, types.FunctionType]) -> tuple[str | None, str]:
         scope, forward = scope_and_forward
@@ -482,7 +484,7 @@ def test_torch_fx_code_is_homed_by_its_code_and_every_global():
 
 def test_a_graph_modules_own_class_is_its_methods_and_none_type_its_name():
     torch_fx = pytest.importorskip("torch.fx")
-    from stableguards.warm_start import fx_home
+    from stableguards.identity import fx_home
 
     def f(x):
         return x + 1
@@ -548,12 +550,12 @@ def test_the_interpreters_own_types_are_named_where_types_holds_them():
     it is named as ``types`` holds it (Dynamo checks the type of the bound method a
     ``torch.no_grad()`` decorator's wrapper closes over).  Each name imports that type."""
     from stableguards.codes import resolve
-    from stableguards.warm_start.identity import _TYPES_MODULE_NAMES
+    from stableguards.identity.names import TYPES_MODULE_NAMES
 
     method = types.MethodType(lambda self: self, object())
     assert identity(type(method)) == "class:types.MethodType"
     assert identity(type(len)) == "class:types.BuiltinFunctionType"  # the first of its two names
-    for cls, name in _TYPES_MODULE_NAMES.items():
+    for cls, name in TYPES_MODULE_NAMES.items():
         assert resolve(*name.split(".")) is cls and identity(cls) == f"class:{name}"
     assert identity(int).startswith("class:builtins.int#")  # importable by its own name: as before
 
@@ -564,7 +566,7 @@ def test_identities_are_the_same_in_every_process():
         sys.path.insert(0, %r)
         sys.path.insert(0, %r)
         import test_warm_rules as t
-        from stableguards.warm_start.identity import identity
+        from stableguards.identity.objects import identity
         print(identity(t._Child), identity(t._make(3)), identity({"s": {"x", "y", "z"}}), identity(t._Color.RED))
     """ % (str(ROOT), str(ROOT / "tests")))
     outputs = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -803,7 +805,7 @@ def _reads_factor(x):
 
 
 def test_a_function_run_untraced_is_a_fact_of_what_it_reads(monkeypatch):
-    from stableguards.autograd_cache.reads import reads_identity
+    from stableguards.identity.reads import reads_identity
 
     before = facts.untraced_reads(_reads_factor, "G['policy']", reads_identity)
     assert before == facts.untraced_reads(_reads_factor, "G['policy']", reads_identity)

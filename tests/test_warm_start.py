@@ -617,7 +617,7 @@ def test_compiled_autograd_step_starts_warm(tmp_path):
     the backward module uncompiled: a restart installs it and compiled autograd re-traces the
     saved module.  The cold process's compiled autograd inlines the backward
     module as a restart loads it, so both make one graph, and its entry, saved under a module
-    named by that graph's code and globals (``warm_start.fx_home``), is installed: the restart
+    named by that graph's code and globals (``identity.fx_home``), is installed: the restart
     traces nothing.  A restart whose backward differs (a gradient hook compiled autograd's
     graph calls) makes another graph: compiled, never served the cold one's code.  One whose
     hook differs only in what its closure holds makes the same graph, in the same module: its
@@ -665,7 +665,7 @@ FX_GRAPH_MODULE = textwrap.dedent("""
 @requires_warm_start
 def test_a_graph_modules_code_is_keyed_by_what_its_globals_are(tmp_path):
     """A graph module torch.fx generated runs in globals of its own; its entry is keyed by its
-    code and what every one of them is (``warm_start.fx_home``): a restart whose graph has the
+    code and what every one of them is (``identity.fx_home``): a restart whose graph has the
     same code but calls a function whose body differs finds no entry for it."""
     wrapped = tmp_path / "wrapped"
     wrapped.mkdir()

@@ -89,7 +89,7 @@ def _describe(op: Any, name: str, open_: frozenset[str] = frozenset()) -> str:
     ``torch.ops.other.op`` runs it: its decomposition is traced through that one too)."""
     import torch
 
-    from stableguards.autograd_cache.reads import code_names, reads_identity
+    from stableguards.identity.reads import code_names, reads_identity
 
     opdef = _custom_op_def(op)
     torch_owned = _torch_owned(op, name)
@@ -200,7 +200,7 @@ def _kernel_reader(reads_identity: Any) -> Any:
     from torch._library.custom_ops import CustomOpDef
     from torch.library import Library
 
-    from stableguards.warm_start.identity import identity
+    from stableguards.identity.objects import identity
 
     open_: set[int] = set()  # what is being read: reached again, it is named (a class's back-reference)
 

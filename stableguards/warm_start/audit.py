@@ -6,7 +6,7 @@ unguarded fact it recorded.  Most facts are code that checks a value and means
 the same in any process; the ones worth a reviewer's eye are those that trust
 an object by *identity* (an id check, a type check, the torch-function modes),
 where the proof compares a description of the object instead
-(``warm_start.identity``), and the unguarded facts (hooks, builtins read,
+(``identity.objects``), and the unguarded facts (hooks, builtins read,
 environment variables, folded calls, custom operators, the hash seed).  Each is
 listed with what its description covers.
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from stableguards.warm_start.facts import KINDS as UNGUARDED
 from stableguards.warm_start.guard_rules import RULES, Check
-from stableguards.warm_start.identity import covers
+from stableguards.identity.covers import covers
 from stableguards.warm_start.proof import Proof
 
 _BY_IDENTITY = frozenset(kind for kind, rule in RULES.items()

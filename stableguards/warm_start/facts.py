@@ -28,7 +28,7 @@ Kinds (a fact's ``kind``):
 * ``UNTRACED_READS``: a function a graph runs without Dynamo tracing it (a
   checkpointing ``context_fn`` and the policy it reaches, an ``fx.wrap``'d
   function), at the source of the identity guard on it: what it runs and
-  reads, recursively (``autograd_cache.reads``).  Dynamo's identity guard
+  reads, recursively (``identity.reads``).  Dynamo's identity guard
   covers its code, defaults and closure, not the globals it reads;
 * ``GRAPH_TENSORS``: the tensors a graph takes in front of its inputs (an
   optimizer's parameters and state, which Dynamo makes graph attributes), at
@@ -51,7 +51,7 @@ Kinds (a fact's ``kind``):
   generator's state has no fact: the entry is left out (``per_process``).
 
 Plain Python: hooks are read by attribute name, objects described by
-``warm_start.identity``.
+``identity.objects``.
 """
 
 from __future__ import annotations

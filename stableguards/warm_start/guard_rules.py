@@ -63,7 +63,7 @@ RULES: dict[str, Rule] = {
                                      "are printed and rebuilt from the state saved when tracing began"),
     "ID_MATCH": Rule(Check.IDENTITY, "an id means nothing in another process; the object now at the source, "
                                      "which the rebuilt check makes the one of the saved id, must be equivalent "
-                                     "to the cold one by warm_start.identity (code, defaults, closure, methods)"),
+                                     "to the cold one by identity.objects (code, defaults, closure, methods)"),
     "TYPE_MATCH": Rule(Check.TYPE_IDENTITY, "as ID_MATCH, for the object's class: same import name and methods"),
     "TORCH_FUNCTION_MODE_STACK": Rule(Check.STATE_IDENTITY, "checks the types of the active torch function "
                                                             "modes against the saved stack's, whose classes "
@@ -133,7 +133,7 @@ def fact(source: str, kind: str, parts: Iterable[str], *, value: Callable[[], An
     """The fact of one leaf guard.
 
     ``value`` returns the object the guard checks (called only for identity
-    kinds), ``identity`` describes objects (``warm_start.identity``),
+    kinds), ``identity`` describes objects (``identity.objects``),
     ``ambient`` is the process's state for an AMBIENT kind, written as the
     guard's code writes it.  Raises Unprovable when there is no fact.
     """
@@ -162,7 +162,7 @@ def fact(source: str, kind: str, parts: Iterable[str], *, value: Callable[[], An
     if described is None:
         line = _user_line(parts)
         raise Unprovable(f"{kind} on {source}: {_short(repr(obj))} has no identity that holds in another "
-                         f"process (see warm_start.identity)" + (f"; Dynamo checks it for `{line}`" if line else ""))
+                         f"process (see identity.objects)" + (f"; Dynamo checks it for `{line}`" if line else ""))
     if rule.check is Check.STATE_IDENTITY:
         return Fact(source, kind, f"{code} with {described}")
     return Fact(source, kind, _IDS.sub(lambda m: f"{m.group(1)}<{described}>)", code))

@@ -23,7 +23,7 @@ from typing import Any
 
 from stableguards.codes import code_digest, qualified
 from stableguards.components import Components, digest_text, stable_repr
-from stableguards.warm_start import fx_home
+from stableguards.identity import fx_home
 
 
 def entry_key(*, torch_key: str, fn: Any, backend: str, options: Mapping[str, Any],
@@ -54,7 +54,7 @@ def entry_key(*, torch_key: str, fn: Any, backend: str, options: Mapping[str, An
 
 
 # torch.fx names the code it generates by a per-process counter (<eval_with_key>.N); the
-# module component names that code by its content (warm_start.fx_home).
+# module component names that code by its content (identity.fx_home).
 _FX_FILE = "<torch.fx generated code>"
 
 

@@ -55,9 +55,10 @@ from stableguards.storage import ContentStore, configured
 from stableguards.storage import messages as store_messages
 from stableguards.storage.artifacts import cpu_isa
 from stableguards.storage.content import lease_seconds
-from stableguards.warm_start import fx_home, messages, variants
+from stableguards.identity import fx_home
+from stableguards.warm_start import messages, variants
 from stableguards.warm_start.hooks import bundling, folds, graph_params, guards, loaded, optimizer_init, proofs
-from stableguards.warm_start.identity import module_of_globals
+from stableguards.identity.names import module_of_globals
 from stableguards.warm_start.index import changed_components, write_index
 from stableguards.warm_start.key import entry_key
 from stableguards.warm_start.state import STATE
@@ -67,8 +68,9 @@ _AUTOGRAD_CACHE = "torch._functorch._aot_autograd.autograd_cache"
 # Bumped when what an entry holds changes meaning: older entries are then never found (5: the
 # proof holds custom operators' kernels and the hash seed, which an older entry never checked;
 # 6: an older entry may have folded an id() read as a number behind an id check by name;
-# 7: a fact's code no longer holds torch's recompile hint).
-_ENTRY_FORMAT = "7"
+# 7: a fact's code no longer holds torch's recompile hint; 8: the functions a saved entry names
+# to rebuild objects moved to other modules).
+_ENTRY_FORMAT = "8"
 
 
 @dataclasses.dataclass
@@ -165,14 +167,14 @@ def _load_and_initialize(package: Any, installed: Any, code: Any, key: Component
 def _home(target: Any) -> tuple[str | None, str]:
     """The module whose globals ``target``'s code runs in, or None and why.  A graph module's
     ``forward`` runs in torch.fx's own globals: its home is named by its code and the
-    identities of those globals (``warm_start.fx_home``)."""
+    identities of those globals (``identity.fx_home``)."""
     function = getattr(target, "__func__", target)
     scope = getattr(function, "__globals__", {})
     found = module_of_globals(scope)
     if found is not None or not _fx_forward(target):
         return found, ""
-    from stableguards.autograd_cache.hooks import compiled_autograd_identity
-    from stableguards.warm_start.identity import Identities
+    from stableguards.identity.compiled_autograd import compiled_autograd_identity
+    from stableguards.identity.objects import Identities
 
     identities = Identities()
     name, unnamed = fx_home.home_name(function.__code__, scope,

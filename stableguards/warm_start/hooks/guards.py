@@ -20,9 +20,9 @@ from stableguards.codes import code_at, code_path
 from stableguards.hooks import operators
 from stableguards.hooks.core import Hook, TorchError
 from stableguards.warm_start.guard_rules import FIRST_CALL, FIRST_CALLS_OBJECT, FIRST_CALLS_VERSION, Unprovable
-from stableguards.warm_start import fx_home
+from stableguards.identity import fx_home
 from stableguards.warm_start.hooks import graph_params, proofs
-from stableguards.warm_start.identity import by_state, module_copy, parametrized
+from stableguards.identity.names import by_state, module_copy, parametrized
 from stableguards.warm_start.state import STATE, Binding, TypeBinding, VersionBinding
 
 _PACKAGE = "torch._dynamo.package"

@@ -48,7 +48,7 @@ def _lives_with(bound: list[Any], guard_manager: Any) -> None:
     it would count towards the frame's recompile limit for good."""
     from stableguards.hooks.entries import InstalledEntry
     from stableguards.optimizers.hooks import lives_with
-    from stableguards.warm_start.identity import by_state
+    from stableguards.identity.names import by_state
 
     if optimizers := [obj for obj in bound if obj is not None and by_state(obj)]:
         # The guard manager keeps its token alive; the optimizers' table holds it weakly.

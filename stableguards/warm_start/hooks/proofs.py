@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from stableguards.autograd_cache.reads import reads_identity
+from stableguards.identity.reads import reads_identity
 from stableguards.codes import resolve
 from stableguards.hooks import operators
 from stableguards.hooks.guard_tree import Leaf, leaves
@@ -63,7 +63,8 @@ from stableguards.warm_start.guard_rules import (
     one_object,
     rule_for,
 )
-from stableguards.warm_start.identity import Identities, by_state, graph_tensor, module_copy, module_of_globals
+from stableguards.identity.names import by_state, graph_tensor, module_copy, module_of_globals
+from stableguards.identity.objects import Identities
 from stableguards.warm_start.proof import Proof, Recheck, check
 from stableguards.warm_start.state import STATE, Binding
 

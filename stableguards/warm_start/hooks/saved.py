@@ -23,7 +23,7 @@ from stableguards.warm_start.proof import Proof
 # modules, and the helpers that find the user's objects by path) is a stand-in.
 _REAL = frozenset({"torch", "builtins", "copyreg", "collections", "_codecs", "functools", "types", "enum",
                    "typing", "dataclasses", "weakref", "operator", "math", "stableguards"})
-_FINDS_USER_OBJECTS = frozenset({("stableguards.codes", "code_at"), ("stableguards.warm_start.fx_home", "class_at")})
+_FINDS_USER_OBJECTS = frozenset({("stableguards.codes", "code_at"), ("stableguards.identity.fx_home", "class_at")})
 
 
 def saved_proofs(index: Path, store: ContentStore) -> list[tuple[str, list[Proof | None]]]:

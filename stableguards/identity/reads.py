@@ -1,6 +1,6 @@
 """What a function computes, told the same way in every process: its code and what it reads.
 
-Warm start's identity rule (``warm_start.identity``) describes a function by
+The identity rule (``identity.objects``) describes a function by
 its code, defaults and closure, and leaves the globals it reads to the guards
 Dynamo installs for them.  A function that runs inside a compiled graph
 without Dynamo tracing it (an ``fx.wrap``'d function, a saved-tensor hook, a
@@ -26,7 +26,8 @@ import types
 from typing import Any
 
 from stableguards.components import digest_text
-from stableguards.warm_start.identity import Identities, module_of_globals
+from stableguards.identity.names import module_of_globals
+from stableguards.identity.objects import Identities
 
 _VERSIONED = frozenset({"torch", "builtins", *sys.stdlib_module_names})
 

@@ -1,4 +1,4 @@
-"""What an object is, told the same way in every process: warm start's identity rule.
+"""What an object is, told the same way in every process: the identity rule.
 
 A compile that guarded an object by identity (``ID_MATCH`` on a module, a
 class, a builtin; ``TYPE_MATCH``; a function's ``__code__``) proved "this is
@@ -31,7 +31,7 @@ leaves the entry out rather than trust a name.
   changes the class's identity; class attributes that are values are guarded
   by Dynamo when a compile reads them.  The class torch.fx makes for each graph
   module is not importable: its methods name it (its ``forward`` runs in the
-  globals ``warm_start.fx_home`` names by their content); ``NoneType`` and the
+  globals ``identity.fx_home`` names by their content); ``NoneType`` and the
   other singleton types, by name;
 * an enum member: its class (with every member's name and value), its name, its
   value, the builtin data it mixes in and its attributes;
@@ -66,9 +66,11 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from stableguards.codes import code_digest, qualified, resolve
-from stableguards.warm_start import fx_home
-from stableguards.components import digest_text
+from stableguards.codes import code_digest, qualified
+from stableguards.identity import fx_home
+from stableguards.identity.names import (CHECKED, SCALARS, SINGLETON_TYPES, TENSOR, TYPES_MODULE_NAMES, builtin,
+                                         by_state, fx_graph_class, importable, is_a, label, module_copy,
+                                         module_of_globals, parametrized, short_digest, tensor_identity, type_name)
 
 # Types whose repr is their whole value in every process, by qualified name.
 _BY_REPR = frozenset({
@@ -86,85 +88,17 @@ class _Empty:
 
 
 _EMPTY = _Empty()
-_PARAMETRIZE = "torch.nn.utils.parametrize"
-_OPTIMIZER = "torch.optim.optimizer.Optimizer"
-_TENSOR = "torch._C.TensorBase"
 _CONSTANTS = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis), type(NotImplemented), _Empty)
 # C-level callables of classes: a method descriptor names its class and itself.
 _DESCRIPTORS = (types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType,
                 types.GetSetDescriptorType, types.MemberDescriptorType, types.MethodWrapperType)
 
 
-# What a description covers, by the kind that starts it (``kind:...``): ``python -m stableguards
-# audit`` shows it beside each object a saved entry trusts.  A kind not here has no description.
-COVERS = {
-    "module": "the module of that name in sys.modules; what the code reads of it, Dynamo guards where it reads",
-    "module-copy": "a copy of the module loaded from that file, bound on the entry's first call",
-    "builtin": "what that import name finds; its C code by the version of its package (the interpreter's "
-               "and torch's by the entry's key)",
-    "code": "the bytecode, names, constants and nested code",
-    "function": "its code, defaults, keyword defaults, what its closure holds (by these rules) and the module "
-                "whose globals it reads (globals that are no module's: all they hold, by these rules); each "
-                "global it reads Dynamo guards where it reads it",
-    "hooked": "the function stableguards' hook wraps, and the hook",
-    "class": "its import name, MRO and every function-like attribute along it (an Enum's members and values "
-             "too); a value read from it Dynamo guards where it reads it",
-    "enum": "its class, its name, its value, the builtin data it mixes in and its attributes",
-    "parametrized": "the class it extends, and everything its own namespace holds (torch's properties for the "
-                    "parametrized tensors, with their names; the module they were made for, as that)",
-    "method": "the function and the object it is bound to",
-    "partial": "the function, its arguments and keywords",
-    "partialmethod": "the function, its arguments and keywords", "cached_property": "its function",
-    "staticmethod": "the function", "classmethod": "the function", "property": "getter, setter and deleter",
-    "weakref": "the object it refers to, or that it is dead",
-    "instance": "its class and its state (a decorating context manager)",
-    "optimizer": "its class and everything it holds (hyperparameters the guards check aside); tensors by "
-                 "metadata, bound on the entry's first call",
-    "tensor": "dtype, shape, strides, storage offset, device, requires_grad, leaf-ness and dispatch keys "
-              "(bound on the entry's first call)",
-    "object()": "a bare sentinel: only compared by identity within one process",
-    "contents": "its class and everything its __dict__ holds, by these rules (an object whose id the trace "
-                "used only as a key, bound on the entry's first call)",
-    **{name: "its value" for name in ("NoneType", "bool", "int", "float", "complex", "str", "bytes", "ellipsis",
-                                      "NotImplementedType", "tuple", "list", "frozenset", "set", "dict")},
-}
-
-
-def covers(description: str) -> str:
-    """What ``description`` (one ``identity`` gave) covers, by its kind."""
-    kind = description.partition(":")[0].partition("(")[0]
-    if kind in COVERS:
-        return COVERS[kind]
-    return "its value" if "." in kind and kind.startswith("torch.") else "unknown kind: not an identity of this module"
-
 
 def identity(obj: Any) -> str | None:
     """A description of ``obj`` that is equal in two processes only for objects a compile
     cannot tell apart; None when ``obj`` has none."""
     return Identities()(obj)
-
-
-def module_copy(obj: Any) -> bool:
-    """Whether ``obj`` is a module loaded from a file apart from ``sys.modules``, which holds
-    another module under its name (torch's polyfills run ``operator.py`` again without its C
-    accelerator: ``sum()`` reaches it).  No name finds it in another process: an id check on
-    it is bound, there, to the object found on the call the entry first serves, as a copy of
-    the same module from the same file."""
-    held = sys.modules.get(getattr(obj, "__name__", None)) if isinstance(obj, types.ModuleType) else None
-    return isinstance(held, types.ModuleType) and held is not obj and isinstance(getattr(obj, "__file__", None), str)
-
-
-def parametrized(cls: type) -> bool:
-    """Whether ``cls`` is the class ``torch.nn.utils.parametrize`` made for one module."""
-    return (cls.__module__ == _PARAMETRIZE and len(cls.__bases__) == 1
-            and cls.__qualname__ == f"Parametrized{cls.__bases__[0].__name__}")
-
-
-def by_state(obj: Any) -> bool:
-    """Whether ``obj``'s identity is what it holds (an optimizer), not a name another process
-    imports: an id check on it is bound, in another process, to the object found on the
-    call the entry first serves, once its identity is proved there."""
-    return _is_a(type(obj), _OPTIMIZER)
 
 
 class Identities:
@@ -203,7 +137,7 @@ class Identities:
         opened = self._open.get(key)
         if opened is not None:
             self._reached = min(self._reached, opened[1])
-            return f"<cycle {_label(opened[0])}>"
+            return f"<cycle {label(opened[0])}>"
         depth = len(self._open)
         self._open[key] = (obj, depth)
         outer, self._reached = self._reached, depth
@@ -234,8 +168,8 @@ class Identities:
             # A bare object() carries no state: a sentinel (a default argument `missing`),
             # which code only compares by identity, within one process.
             return "object()"
-        if _type_name(obj) in _BY_REPR:
-            return f"{_type_name(obj)}:{obj!r}"
+        if type_name(obj) in _BY_REPR:
+            return f"{type_name(obj)}:{obj!r}"
         if kind in (tuple, list, frozenset, set):
             parts = self._all(obj)
             if parts is None:
@@ -259,7 +193,7 @@ class Identities:
             if isinstance(owner, type):  # a C classmethod, bound to its class
                 described = self.describe(owner)
                 return None if described is None else f"builtin:{described}.{obj.__name__}"
-            return _builtin(obj)
+            return builtin(obj)
         if isinstance(obj, _DESCRIPTORS):
             owner = self.describe(getattr(obj, "__objclass__", None))
             return None if owner is None else f"{kind.__name__}:{owner}.{obj.__name__}"
@@ -288,8 +222,8 @@ class Identities:
             return self._enum_member(obj)
         if by_state(obj):
             return self._optimizer(obj)
-        if self._tensors and _is_a(kind, _TENSOR):
-            return _tensor(obj)
+        if self._tensors and is_a(kind, TENSOR):
+            return tensor_identity(obj)
         if isinstance(obj, (tuple, list, frozenset, set, dict)) and not getattr(obj, "__dict__", None):
             # A container subclass with no instance state (torch.fx's immutable_dict): what its
             # class does, and its items.
@@ -321,7 +255,7 @@ class Identities:
             # Globals that are no module's: a namespace made for the function (namedtuple's
             # __new__, code exec'd into a fresh dict).  No name finds it in another process, so
             # it is described by what it holds, which is all the function's globals can read.
-            # (torch.fx's graph code is given a home module of its own: warm_start.fx_home.)
+            # (torch.fx's graph code is given a home module of its own: identity.fx_home.)
             home = self._namespace(fn.__globals__)
         if home is None:
             return None
@@ -335,7 +269,7 @@ class Identities:
         if parts is None:
             return None
         details = f"{code_digest(fn.__code__)}:defaults={parts[0]}:kwdefaults={parts[1]}:closure={parts[2]}"
-        return f"function:{home}.{fn.__qualname__}#{_digest(details)}"
+        return f"function:{home}.{fn.__qualname__}#{short_digest(details)}"
 
     def _namespace(self, scope: dict) -> str | None:
         held = {k: v for k, v in scope.items()
@@ -344,7 +278,7 @@ class Identities:
         if described is None:
             return None
         # exec() puts the interpreter's builtins there: that, by name (its code is the interpreter's).
-        return f"namespace#{_digest(described + (':builtins' if len(held) < len(scope) else ''))}"
+        return f"namespace#{short_digest(described + (':builtins' if len(held) < len(scope) else ''))}"
 
     def contents(self, obj: Any) -> str | None:
         """An object with no identity of its own, by its class and what its ``__dict__`` holds
@@ -378,10 +312,10 @@ class Identities:
                 for name, value in vars(optimizer).items()}
         groups = held.get("param_groups")
         if guarded is not None and isinstance(groups, list) and all(type(g) is dict for g in groups):
-            held["param_groups"] = [{key: _CHECKED if guarded(i, key) and type(value) in _SCALARS else value
+            held["param_groups"] = [{key: CHECKED if guarded(i, key) and type(value) in SCALARS else value
                                      for key, value in group.items()} for i, group in enumerate(groups)]
         described = inner.describe(held)
-        return None if described is None else f"optimizer:{owner}#{_digest(described)}"
+        return None if described is None else f"optimizer:{owner}#{short_digest(described)}"
 
     def _enum_member(self, member: enum.Enum) -> str | None:
         """An enum member: its class, its name and everything a compile can fold from it: its
@@ -397,17 +331,17 @@ class Identities:
         return None if parts is None else f"enum:{owner}.{member._name_}={':'.join(parts)}"
 
     def _class(self, cls: type) -> str | None:
-        if cls in _SINGLETON_TYPES:
+        if cls in SINGLETON_TYPES:
             return f"class:{cls.__name__}"
-        if cls in _TYPES_MODULE_NAMES:
-            return f"class:{_TYPES_MODULE_NAMES[cls]}"
-        if not _importable(cls) and not _fx_graph_class(cls):
+        if cls in TYPES_MODULE_NAMES:
+            return f"class:{TYPES_MODULE_NAMES[cls]}"
+        if not importable(cls) and not fx_graph_class(cls):
             return self._parametrized(cls)
         methods = []
         for klass in cls.__mro__:
             if klass is object:
                 continue
-            if klass is not cls and not _importable(klass):
+            if klass is not cls and not importable(klass):
                 return None
             owner = qualified(klass)
             for name, value in sorted(vars(klass).items()):  # by name: names are unique
@@ -424,7 +358,7 @@ class Identities:
                 return None
             methods.append(f"members={members}")
         mro = ",".join(qualified(k) for k in cls.__mro__)
-        return f"class:{qualified(cls)}#{_digest(f'{mro}:{methods}')}"
+        return f"class:{qualified(cls)}#{short_digest(f'{mro}:{methods}')}"
 
     def _parametrized(self, cls: type) -> str | None:
         """The class ``register_parametrization`` makes for one module (``Parametrized<Base>``,
@@ -443,7 +377,7 @@ class Identities:
         parts = [self.describe(base), inner.describe(dict(vars(cls)))]
         if None in parts:
             return None
-        return f"parametrized:{parts[0]}#{_digest(parts[1])}"
+        return f"parametrized:{parts[0]}#{short_digest(parts[1])}"
 
     def _attribute(self, value: Any) -> str | None:
         """A function-like class attribute.  A C function a class holds as a static method
@@ -467,112 +401,3 @@ _METHOD_LIKE = (types.FunctionType, staticmethod, classmethod, property, functoo
 # Classes whose instances, used as decorators, are what their class's code does with their state.
 _CONTEXT_DECORATORS = frozenset({"torch.utils._contextlib._DecoratorContextManager",
                                  "torch._dynamo.eval_frame._TorchDynamoContext"})
-
-
-def module_of_globals(scope: dict) -> str | None:
-    """The name of the module whose globals ``scope`` is.  Its ``__name__`` can be another
-    (``_collections_abc`` calls itself ``collections.abc``); its spec names it."""
-    spec = scope.get("__spec__")
-    for name in (getattr(spec, "name", None), scope.get("__name__")):
-        module = sys.modules.get(name) if isinstance(name, str) else None
-        if module is not None and vars(module) is scope:
-            return name
-    return None
-
-
-def _builtin(fn: types.BuiltinFunctionType) -> str | None:
-    """A builtin function by where it is imported from: its qualname in its module, or
-    its name (torch's functions live on a class but are exported by the module)."""
-    name = getattr(fn, "__module__", None) or ""
-    module = sys.modules.get(name)
-    if module is None:
-        return None
-    for path in dict.fromkeys((fn.__qualname__, fn.__name__)):
-        try:
-            if resolve(name, path) is fn:
-                version = _version(module.__name__)
-                return None if version is None else f"builtin:{module.__name__}.{path}{version}"
-        except AttributeError:
-            continue
-    return None
-
-
-@functools.cache
-def _version(module: str) -> str | None:
-    """What fixes a C function's code besides its name: nothing more for the interpreter's own
-    modules and torch's (the key holds Python's and torch's versions), else its package's
-    version; None where it has none (a C extension of the user's: no identity)."""
-    top = module.partition(".")[0]
-    if top in sys.stdlib_module_names or top in ("builtins", "torch") or top in sys.builtin_module_names:
-        return ""
-    version = getattr(sys.modules.get(top), "__version__", None)
-    return f"@{version}" if isinstance(version, str) else None
-
-
-def _fx_graph_class(cls: type) -> bool:
-    """The class torch.fx makes for each graph module (``GraphModuleImpl``, local to
-    ``GraphModule.__new__``): not importable, and told apart by its methods, its ``forward``
-    being the graph's code in the globals of the module ``warm_start.fx_home`` names."""
-    return (cls.__module__, cls.__qualname__) == ("torch.fx.graph_module",
-                                                  "GraphModule.__new__.<locals>.GraphModuleImpl")
-
-
-# Types with one instance each and no name to import them by (``NoneType`` is not in ``builtins``).
-_SINGLETON_TYPES = (type(None), type(Ellipsis), type(NotImplemented))
-
-
-def _importable(cls: type) -> bool:
-    """Whether the class's module holds it under its qualname (a local class is not)."""
-    try:
-        return resolve(cls.__module__, cls.__qualname__) is cls
-    except (KeyError, AttributeError):
-        return False
-
-
-# The interpreter's own types that its module does not hold by their name but ``types`` does
-# (a bound method's type calls itself ``builtins.method``): fixed C types, the same in every
-# process of one Python, named where they can be imported from.
-# Of two names (FunctionType, LambdaType), the first: later items of the reversed order win.
-_TYPES_MODULE_NAMES = {value: f"types.{name}" for name, value in sorted(vars(types).items(), reverse=True)
-                       if isinstance(value, type) and not name.startswith("_") and value not in _SINGLETON_TYPES
-                       and not _importable(value)}
-
-
-_SCALARS = (bool, int, float, type(None))
-_CHECKED = "<checked by the entry's guards>"
-
-
-def _is_a(cls: type, name: str) -> bool:
-    return any(qualified(k) == name for k in cls.__mro__)
-
-
-def graph_tensor(obj: Any) -> str | None:
-    """A tensor a compiled graph takes in front of its inputs (``hooks.graph_params``), by what
-    its compiled code sees of it; its values are read when the code runs."""
-    return _tensor(obj) if _is_a(type(obj), _TENSOR) else None
-
-
-def _tensor(tensor: Any) -> str | None:
-    """A tensor by what a compile sees of it without reading its values: what a tensor's
-    guard (TENSOR_MATCH) checks, its storage offset and whether it is a leaf."""
-    import torch
-
-    try:
-        return (f"tensor:{_type_name(tensor)}({tensor.dtype}, {tuple(tensor.shape)}, {tensor.stride()}, "
-                f"offset={tensor.storage_offset()}, {tensor.device}, requires_grad={tensor.requires_grad}, "
-                f"leaf={tensor.is_leaf}, {torch._C._dispatch_keys(tensor)})")
-    except Exception:  # noqa: BLE001 - a sparse or otherwise strideless tensor: no identity
-        return None
-
-
-def _digest(details: str) -> str:
-    """Long descriptions (a class's methods, a closure) as a digest beside the object's name."""
-    return digest_text(details)[:32]
-
-
-def _type_name(obj: Any) -> str:
-    return qualified(type(obj))
-
-
-def _label(obj: Any) -> str:
-    return qualified(obj) if isinstance(obj, type) else _type_name(obj)

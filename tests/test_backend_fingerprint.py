@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stableguards.backends.fingerprint import Fingerprinter, key_for
+from stableguards.fingerprint import Fingerprinter, key_for
 from stableguards.identity_table import IdentityTable
 
 json_values = st.recursive(

@@ -110,7 +110,7 @@ def test_optimizer_and_cudagraph_events_are_counted_and_explained(caplog):
 
 
 def test_a_backend_switch_names_the_component_that_differs():
-    from stableguards.backends.fingerprint import Fingerprinter
+    from stableguards.fingerprint import Fingerprinter
 
     class Wrapper:
         def __init__(self, options):

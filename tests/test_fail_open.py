@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import gc
-import importlib
 import itertools
 import logging
 import os
@@ -26,7 +26,7 @@ import stableguards  # noqa: F401 - registers the flag and installs the hooks
 from stableguards.events import EVENTS
 from stableguards.hooks import RECORDING, SHARED, STATE, hook_tables, seams
 from stableguards.warm_start.hooks import folds
-from stableguards.hooks.core import installed_hooks
+from stableguards.hooks.core import HookDoesNotFit, installed_hooks
 from stableguards.warm_start.state import STATE as WARM
 
 ALL_HOOKS = [h for hooks in hook_tables().values() for h in hooks]
@@ -364,7 +364,12 @@ def test_an_exception_in_any_hook_falls_back_to_torch(hook, monkeypatch, caplog,
     assert EVENTS.counters["fallbacks"] == len(calls)
 
 
-@pytest.mark.parametrize("step", seams.STEPS, ids=lambda s: f"{s.name} ({s.part})")
+# The steps torch's seams run (the signals between parts are reached through those).
+SEAM_STEPS = [step for slot in seams.SLOTS if not slot.name.startswith(("graph.", "entry."))
+              for step in seams.steps(slot.name)]
+
+
+@pytest.mark.parametrize("step", SEAM_STEPS, ids=lambda s: f"{s.name} ({s.part})")
 def test_an_exception_in_any_step_at_a_shared_seam_falls_back_to_torch(step, monkeypatch, caplog, tmp_path):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     if step.part not in STATE.installed:
@@ -375,7 +380,7 @@ def test_an_exception_in_any_step_at_a_shared_seam_falls_back_to_torch(step, mon
         calls.append(1)
         raise RuntimeError(f"injected into {step.name}")
 
-    monkeypatch.setattr(importlib.import_module(step.module), step.name, injected)
+    monkeypatch.setitem(seams.FILLED[step.slot], step.part, dataclasses.replace(step, fn=injected))
     torch._dynamo.reset()
     with torch._dynamo.config.patch(stable_guards=True), caplog.at_level(logging.WARNING, "stableguards"):
         warm_start_calls() if step.part == "warm_start" else train_steps("eager")
@@ -384,6 +389,14 @@ def test_an_exception_in_any_step_at_a_shared_seam_falls_back_to_torch(step, mon
     assert calls, f"{step.name} was never called"
     assert len(warnings) == 1 and f"{step.name} ({step.part})" in warnings[0]
     assert EVENTS.counters["fallbacks"] == len(calls)
+
+
+def test_every_slot_is_filled_by_the_parts_it_lists_and_a_missing_step_fails_install(monkeypatch):
+    seams.check_slots()
+    slot = seams.SLOTS[0]
+    monkeypatch.setitem(seams.FILLED, slot.name, {})
+    with pytest.raises(HookDoesNotFit, match=slot.name):
+        seams.check_slots()
 
 
 def test_every_hook_point_is_declared_in_a_table():

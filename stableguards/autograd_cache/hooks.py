@@ -44,8 +44,8 @@ from typing import Any
 from stableguards.autograd_cache import messages
 from stableguards.codes import qualified
 from stableguards.components import digest_text
-from stableguards.hooks.core import Hook, active
-from stableguards.hooks.seams import current
+from stableguards.hooks.core import Hook
+from stableguards.hooks.seams import current, signal
 from stableguards.identity.compiled_autograd import compiled_autograd_identity
 from stableguards.identity.names import module_of_globals
 from stableguards.identity.reads import hook_graph_identity, reads_identity, versioned
@@ -81,21 +81,16 @@ def _autograd_cache_key(call: Any, *args: Any, **kwargs: Any) -> Any:
     if keying.identities:
         messages.identified(_frame(), sorted({label for label, _ in keying.identities}))
     if keying.unguarded:
-        _tell_warm_start(keying.unguarded)
+        _tell_untraced(keying.unguarded)
     return result
 
 
-def _tell_warm_start(unguarded: list[tuple[str, Any]]) -> None:
+def _tell_untraced(unguarded: list[tuple[str, Any]]) -> None:
     """A graph that runs functions Dynamo did not trace (a checkpointing policy, an fx.wrap'd
     function) is keyed here by what they read; a warm-start entry of its frame serves on
     Dynamo's guards, which never looked at them, so warm start must check what they read
-    itself (``warm_start.hooks.bundling.runs_untraced``), or leave the compile out."""
-    from stableguards.warm_start.state import STATE as WARM
-
-    if active("warm_start") and WARM.bundling.get():
-        from stableguards.warm_start.hooks.bundling import runs_untraced
-
-        runs_untraced(unguarded)
+    itself (slot ``graph.runs_untraced``), or leave the compile out."""
+    signal("graph.runs_untraced", unguarded)
 
 
 def _check_node_safe(call: Any, node: Any) -> None:

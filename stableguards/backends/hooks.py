@@ -3,7 +3,7 @@
 torch.compile hands Dynamo a backend; ``get_compiler_fn`` wraps it for
 calling.  We put a ``_KeyedBackend`` in between whose
 ``_torchdynamo_orig_backend`` is the interned key of the backend's
-fingerprint (``stableguards.backends.fingerprint``).  The C++ cache lookup follows
+fingerprint (``stableguards.fingerprint``).  The C++ cache lookup follows
 that attribute chain to its end, so cache entries store and compare the key:
 a pointer comparison for equivalent backends, never a match for others, and
 no strong reference to the backend itself.
@@ -11,18 +11,19 @@ no strong reference to the backend itself.
 
 from __future__ import annotations
 
-import functools
 import types
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 from stableguards.backends import messages
-from stableguards.backends.fingerprint import BackendFingerprint, BackendKey, Fingerprinter, key_for
 from stableguards.events import EVENTS
+from stableguards.fingerprint import BackendKey, key_for
 from stableguards.hooks import seams
 from stableguards.hooks.core import Hook, registered_name
 from stableguards.hooks.entries import release_entries
+from stableguards.hooks.fingerprints import backend_fingerprint
+from stableguards.hooks.seams import fills
 from stableguards.hooks.state import STATE
 
 _CONVERT_FRAME = "torch._dynamo.convert_frame"
@@ -125,38 +126,6 @@ def _reference(obj: Any) -> Callable[[], Any]:
         return lambda: obj
 
 
-def backend_fingerprint(backend: Any) -> BackendFingerprint:
-    """The fingerprint of a backend as torch.compile or torch._dynamo.optimize received it."""
-    return FINGERPRINTER.fingerprint(backend)
-
-
-@functools.cache
-def _torch_wrapper_types() -> tuple[type, ...]:
-    """torch's own backend wrappers, whose __call__ only calls their parts (see backend_match)."""
-    import torch
-    from torch._dynamo.backends import common
-
-    names = ("_TorchCompileInductorWrapper", "_TorchCompileAOTInductorWrapper", "_TorchCompileWrapper")
-    found = tuple(getattr(torch, n) for n in names if isinstance(getattr(torch, n, None), type))
-    aot = getattr(common, "AotAutograd", None)
-    return found + ((aot,) if isinstance(aot, type) else ())
-
-
-def _is_torch_wrapper(obj: Any) -> bool:
-    return type(obj) in _torch_wrapper_types()
-
-
-def _torch_name(obj: Any) -> str | None:
-    """Names of torch objects that are one object per name: dtypes, devices, layouts, ops."""
-    import torch
-
-    if type(obj) in (torch.dtype, torch.device, torch.layout, torch.memory_format):
-        return repr(obj)
-    if type(obj) in (torch._ops.OpOverload, torch._ops.OpOverloadPacket):
-        return f"op {obj}"
-    return None
-
-
 def _user_backend(backend: Any) -> Any:
     """The object whose life decides how long compiled code is kept, or None for good.
 
@@ -170,10 +139,6 @@ def _user_backend(backend: Any) -> Any:
     return None if registered_name(inner) is not None else inner
 
 
-# Its tables (identity tokens, torch's wrappers as first seen) are this feature's state.
-FINGERPRINTER = Fingerprinter(registered_name, _is_torch_wrapper, _torch_name)
-
-
 def _release_entries(key: BackendKey) -> None:
     """A key's last backend died: release its cache entries (unless an equivalent one came back)."""
 
@@ -185,6 +150,7 @@ def _release_entries(key: BackendKey) -> None:
     STATE.release_soon(release)
 
 
+@fills("convert_frame.start", "backends")
 def note_switch(compile: seams.Compile) -> None:
     """A frame starts compiling (``hooks.seams``): say when it switched backends."""
     import torch._C._dynamo.eval_frame as c_eval_frame
@@ -199,6 +165,7 @@ def note_switch(compile: seams.Compile) -> None:
                           [o.fingerprint if isinstance(o, BackendKey) else type(o).__name__ for o in others])
 
 
+@fills("cache_size.count", "backends")
 def own_entries(cache_entries: list, compile: seams.Compile | None) -> list:
     """Which entries count towards the recompile limit (``hooks.seams``): the live ones of the
     backend being compiled for."""

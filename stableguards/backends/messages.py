@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stableguards.backends.fingerprint import BackendFingerprint
+from stableguards.fingerprint import BackendFingerprint
 from stableguards.events import EVENTS
 
 

@@ -18,6 +18,8 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from stableguards.hooks.core import PassThrough
+
 # Shown after a move: the two ways to keep an address fixed across steps.
 _HINT = (
     "mark a tensor with torch._dynamo.mark_static_address only if its address stays fixed, "
@@ -64,7 +66,7 @@ class MoveReport:
         )
 
 
-class StaticInputMoved(RuntimeError):
+class StaticInputMoved(PassThrough, RuntimeError):
     """Strict mode: a static input moved, and re-recording the graph is refused."""
 
     def __init__(self, report: MoveReport) -> None:

@@ -17,6 +17,7 @@ from stableguards.cudagraphs import messages
 from stableguards.cudagraphs.checks import input_names
 from stableguards.cudagraphs.state import STATE
 from stableguards.hooks.core import Hook
+from stableguards.hooks.seams import fills
 _TREES = "torch._inductor.cudagraph_trees"
 
 
@@ -78,6 +79,7 @@ def _forget_recordings(call: Any, *args: Any, **kwargs: Any) -> None:
     STATE.static_inputs.clear()
 
 
+@fills("optimizer_sources.after", "cudagraphs")
 def warn_copied_grads(self: Any, tx: Any) -> None:
     """Dynamo mapped an optimizer's sources (``hooks.seams``): say once per optimizer which
     grads cudagraphs will copy (upstream: only under perf_hints)."""

@@ -29,7 +29,7 @@ from typing import Any
 from stableguards import registry
 from stableguards.events import EVENTS
 from stableguards.hooks import operators
-from stableguards.hooks.core import FLAG, Hook, HookDoesNotFit, apply, enabled, remove, remove_all
+from stableguards.hooks.core import FLAG, Hook, HookDoesNotFit, Needs, apply, enabled, needs, remove, remove_all
 from stableguards.hooks.state import STATE, mid_import
 
 log = logging.getLogger("stableguards")
@@ -49,28 +49,31 @@ RECORDING = "recording"
 
 
 def hook_tables() -> dict[str, list[Hook]]:
-    """Every declared hook: the shared seams' owners, then each part's, in the registry's order."""
+    """Every declared hook: the shared seams' owners, then each part's, in the registry's order.
+    Importing the parts' hook modules fills the shared slots: each must be filled."""
     from stableguards.hooks import seams
 
-    return {SHARED: seams.HOOKS, RECORDING: operators.HOOKS,
-            **{part: registry.module(part, "hooks").HOOKS for part in registry.PARTS}}
+    tables = {SHARED: seams.HOOKS, RECORDING: operators.HOOKS,
+              **{part: registry.module(part, "hooks").HOOKS for part in registry.PARTS}}
+    seams.check_slots()
+    return tables
 
 
 def hook_table() -> str:
     """Every seam stableguards hooks, as a markdown table (``python -m stableguards hooks``;
-    docs/hooks.md holds its output): where, which part, and what the hook does there."""
+    docs/hooks.md holds its output): where, which part, and what the hook does there; then
+    the shared slots, with the parts that fill each in the order they run."""
     from stableguards.hooks import seams
 
     rows = ["| torch seam | part | what the hook does |", "|---|---|---|"]
     for part, hooks in hook_tables().items():
         for hook in hooks:
             where = f"`{hook.module}.{hook.target}`" + (" (lazy)" if hook.lazy else "")
-            if part == SHARED:
-                steps = [s for s in seams.STEPS if s.seam == hook.target]
-                owner = "shared: " + ", ".join(f"{s.part} (`{s.name}`)" for s in steps) if steps else "shared"
-                rows.append(f"| {where} | {owner} | {_summary(hook.impl)} |")
-            else:
-                rows.append(f"| {where} | {part} | {_summary(hook.impl)} |")
+            rows.append(f"| {where} | {'shared' if part == SHARED else part} | {_summary(hook.impl)} |")
+    rows += ["", "| slot | when | parts, in order (step) |", "|---|---|---|"]
+    for slot in seams.SLOTS:
+        filled = ", ".join(f"{step.part} (`{step.name}`)" for step in seams.steps(slot.name))
+        rows.append(f"| `{slot.name}` | {slot.when} | {filled} |")
     return "\n".join(rows)
 
 
@@ -150,6 +153,7 @@ def _skip_in_dynamo() -> None:
 
 def _install_part(part: str, hooks: list[Hook]) -> None:
     try:
+        needs(_needed(part))
         apply(h for h in hooks if not h.lazy)
     except HookDoesNotFit as why:
         _part_off(part, why)
@@ -158,6 +162,12 @@ def _install_part(part: str, hooks: list[Hook]) -> None:
     for module in dict.fromkeys(h.module for h in hooks if h.lazy):
         later = [h for h in hooks if h.lazy and h.module == module]
         _after_import(module, lambda _, part=part, later=later: _install_later(part, later))
+
+
+def _needed(part: str) -> tuple[Needs, ...]:
+    """What a part needs of torch without hooking it (``NEEDS`` in its hooks module)."""
+    hooks = registry.module(part, "hooks") if part in registry.PARTS else None
+    return getattr(hooks, "NEEDS", ())
 
 
 def _install_later(part: str, hooks: list[Hook]) -> None:

@@ -31,15 +31,18 @@ from pathlib import Path
 from typing import Any
 
 from stableguards import registry
-from stableguards.cudagraphs.checks import StaticInputMoved
 from stableguards.events import EVENTS
 from stableguards.hooks.state import STATE
 
 log = logging.getLogger("stableguards")
 
 FLAG = "stable_guards"
-# Raised on purpose, to the user: never a reason to fall back.
-_PASS_THROUGH = (StaticInputMoved,)
+
+
+class PassThrough(Exception):
+    """An exception a part raises on purpose, to the user (cudagraphs' strict mode refusing
+    to re-record): never a reason to fall back.  Parts subclass it; the core knows none of
+    them."""
 
 
 @dataclass(eq=False)  # compared by identity: a hook is one seam's one wrapper
@@ -125,7 +128,7 @@ def _wrap(hook: Hook, original: Callable[..., Any]) -> Callable[..., Any]:
         call = _Original(original)
         try:
             return hook.impl(call, *args, **kwargs)
-        except _PASS_THROUGH:
+        except PassThrough:
             raise
         except TorchError as deliberate:
             raise deliberate.error from None
@@ -148,7 +151,7 @@ def run_step(step: Any, *args: Any, **kwargs: Any) -> Any:
         return None
     try:
         return step.fn(*args, **kwargs)
-    except _PASS_THROUGH:
+    except PassThrough:
         raise
     except TorchError as deliberate:
         raise deliberate.error from None
@@ -166,7 +169,23 @@ def _restarts(error: Exception) -> bool:
     return exc is not None and isinstance(error, exc.RestartAnalysis)
 
 
-def _resolve(hook: Hook) -> tuple[Any, str]:
+@dataclass(frozen=True)
+class Needs:
+    """Something of torch a part needs without hooking it (feature detection): looked up at
+    install like a hook point, never patched; a part whose needs are missing stays off."""
+
+    module: str
+    target: str
+    params: tuple[str, ...] = ()
+
+
+def needs(found: Iterable[Needs]) -> None:
+    """Raise HookDoesNotFit unless each of ``found`` is in this torch."""
+    for need in found:
+        _resolve(need)
+
+
+def _resolve(hook: Hook | Needs) -> tuple[Any, str]:
     """The object that owns the hook point, and the attribute's name."""
     try:
         owner: Any = importlib.import_module(hook.module)

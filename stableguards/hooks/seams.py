@@ -1,33 +1,36 @@
-"""The torch seams several features need: one hook each, owned here.
+"""The torch seams several features need, and the signals parts send each other: named slots.
 
-Each shared seam is patched once.  Its hook computes what the features need
-from it, once, and runs their steps in a fixed order (``STEPS``), each only
-while its part is active and each failing open on its own (``core.run_step``):
+Each shared seam is patched once, here.  Its hook computes what the features need
+from it, once, and runs the steps parts put in its slots, in the slot's fixed order
+(``SLOTS``), each only while its part is active and each failing open on its own
+(``core.run_step``).  A part fills a slot at import (``@fills(slot, part)``); a slot a
+part is listed for and did not fill fails at install (``check_slots``), never at run time.
+
+Torch seams:
 
 * ``ConvertFrameAssert.__call__``, a frame starts compiling: what the compile
   is for (``Compile``: the frame's label, the backend's key and compiler name,
   found in one walk along the backend chain), read by every feature through
-  ``current()``; backends say when a frame switched backends; warm start
-  compiles the frame for its saved entry (and again without its machinery if
-  that fails).  Also a safe point for releases waiting on a compile.
-* ``compute_cache_size``: which cache entries count towards the recompile limit.
-* ``DynamoOutput.build_guards``: optimizers replace state guards before, and
-  tie the entry to its optimizers after; profiles record the outcomes after.
-* ``OptimizerVariable.map_sources_and_install_guards``: optimizers note the
-  state dicts a step reads; cudagraphs say which grads they will copy.
+  ``current()``.  Slots ``convert_frame.start`` and ``convert_frame.compile``.
+  Also a safe point for releases waiting on a compile.
+* ``compute_cache_size``: slot ``cache_size.count``.
+* ``DynamoOutput.build_guards``: slots ``build_guards.before`` and ``build_guards.after``.
+* ``OptimizerVariable.map_sources_and_install_guards``: slot ``optimizer_sources.after``.
+
+Signals between parts (no part imports another's package): ``graph.declined``,
+``graph.runs_untraced`` and ``entry.lives_with``, sent with ``signal``.
 """
 
 from __future__ import annotations
 
 import contextvars
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import CodeType
-from typing import Any
+from typing import Any, TypeVar
 
 from stableguards.codes import frame_label
-from stableguards.hooks.core import Hook, registered_name, run_step
+from stableguards.hooks.core import Hook, HookDoesNotFit, registered_name, run_step
 from stableguards.hooks.state import STATE
 
 _CONVERT_FRAME = "torch._dynamo.convert_frame"
@@ -52,38 +55,79 @@ def current() -> Compile | None:
 
 
 @dataclass(frozen=True)
-class Step:
-    """A feature's work at a shared seam: ``module.name``, run by the seam's hook.  Looked up
-    when it runs, so it reads as any function of its feature."""
+class Slot:
+    """A named place where parts put a step: when it runs, and the parts that fill it, in the
+    order they run."""
 
-    seam: str
-    part: str
-    module: str
     name: str
-
-    @property
-    def fn(self) -> Callable[..., Any]:
-        return getattr(importlib.import_module(self.module), self.name)
+    when: str
+    order: tuple[str, ...]
 
 
-_BACKENDS, _OPTIMIZERS = "stableguards.backends.hooks", "stableguards.optimizers.hooks"
-# In the order they run at each seam.
-STEPS = (
-    Step("ConvertFrameAssert.__call__", "backends", _BACKENDS, "note_switch"),
-    Step("ConvertFrameAssert.__call__", "warm_start", "stableguards.warm_start.hooks", "compile_frame"),
-    Step("compute_cache_size", "optimizers", _OPTIMIZERS, "live_entries"),
-    Step("compute_cache_size", "backends", _BACKENDS, "own_entries"),
-    Step("DynamoOutput.build_guards", "optimizers", _OPTIMIZERS, "before_guards"),
-    Step("DynamoOutput.build_guards", "profiles", "stableguards.profiles.hooks", "after_guards"),
-    Step("DynamoOutput.build_guards", "optimizers", _OPTIMIZERS, "after_guards"),
-    Step("OptimizerVariable.map_sources_and_install_guards", "optimizers", _OPTIMIZERS, "note_state_dicts"),
-    Step("OptimizerVariable.map_sources_and_install_guards", "cudagraphs", "stableguards.cudagraphs.hooks",
-         "warn_copied_grads"),
+SLOTS = (
+    Slot("convert_frame.start", "a frame starts compiling: told what it is compiled for", ("backends",)),
+    Slot("convert_frame.compile", "compiles the frame itself and returns the result, or returns None",
+         ("warm_start",)),
+    Slot("cache_size.count", "returns the cache entries that count towards the recompile limit",
+         ("optimizers", "backends")),
+    Slot("build_guards.before", "a frame's guards are about to be built", ("optimizers",)),
+    Slot("build_guards.after", "a frame's guards are built", ("profiles", "optimizers")),
+    Slot("optimizer_sources.after", "Dynamo mapped an optimizer's sources", ("optimizers", "cudagraphs")),
+    Slot("graph.declined", "a part declines to let the graph being compiled be cached (why)", ("warm_start",)),
+    Slot("graph.runs_untraced", "the graph being compiled runs functions Dynamo never traced",
+         ("warm_start",)),
+    Slot("entry.lives_with", "an entry installed without a trace lives as long as these objects",
+         ("optimizers",)),
 )
+_SLOTS = {slot.name: slot for slot in SLOTS}
 
 
-def _steps(seam: str) -> list[Step]:
-    return [step for step in STEPS if step.seam == seam]
+@dataclass(frozen=True)
+class Step:
+    """A part's step in a slot: its function, named for warnings."""
+
+    slot: str
+    part: str
+    name: str
+    fn: Callable[..., Any]
+
+
+# slot -> part -> its step, as filled at import.
+FILLED: dict[str, dict[str, Step]] = {}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fills(slot: str, part: str) -> Callable[[F], F]:
+    """Put the decorated function in ``slot`` as ``part``'s step."""
+    if part not in _SLOTS[slot].order:
+        raise ValueError(f"{part} is not listed in slot {slot}")
+
+    def register(fn: F) -> F:
+        FILLED.setdefault(slot, {})[part] = Step(slot, part, fn.__name__, fn)
+        return fn
+
+    return register
+
+
+def check_slots() -> None:
+    """Every slot has a step from each part listed for it (install: a renamed or missing step
+    fails here, not as a fallback when a compile reaches it)."""
+    missing = [f"{slot.name} ({part})" for slot in SLOTS for part in slot.order if part not in FILLED.get(slot.name, {})]
+    if missing:
+        raise HookDoesNotFit(f"no step fills {', '.join(missing)}")
+
+
+def steps(slot: str) -> list[Step]:
+    """``slot``'s steps, in its order."""
+    filled = FILLED.get(slot, {})
+    return [filled[part] for part in _SLOTS[slot].order if part in filled]
+
+
+def signal(slot: str, *args: Any) -> None:
+    """Tell the parts in ``slot`` (each only while it is active, each failing open)."""
+    for step in steps(slot):
+        run_step(step, *args)
 
 
 def _convert_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
@@ -93,12 +137,12 @@ def _convert_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) 
     key, compiler = _backend_chain(self)
     token = _CURRENT.set(Compile(frame.f_code, frame_label(frame.f_code), key, compiler))
     try:
-        note_switch, compile_frame = _steps("ConvertFrameAssert.__call__")
-        run_step(note_switch, current())
+        signal("convert_frame.start", current())
         # Warm start compiles the frame itself (its package, a retry without it), or nothing runs.
-        compiled = run_step(compile_frame, call, self, frame, *args, **kwargs)
-        if compiled is not None:
-            return compiled
+        for step in steps("convert_frame.compile"):
+            compiled = run_step(step, call, self, frame, *args, **kwargs)
+            if compiled is not None:
+                return compiled
         return call.result if call.done else call(self, frame, *args, **kwargs)
     finally:
         _CURRENT.reset(token)
@@ -107,7 +151,7 @@ def _convert_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) 
 def _backend_chain(convert: Any) -> tuple[Any, str | None]:
     """The BackendKey at the end of the backend chain (if any), and the innermost
     ``compiler_name`` along it, else the registered name of its end."""
-    from stableguards.backends.fingerprint import BackendKey
+    from stableguards.fingerprint import BackendKey
 
     obj, name = convert, None
     for _ in range(16):  # the chain is short; a loop here would be a bug elsewhere
@@ -124,7 +168,7 @@ def _backend_chain(convert: Any) -> tuple[Any, str | None]:
 
 def _compute_cache_size(call: Any, frame: Any, cache_entries: Any, *args: Any) -> Any:
     """The recompile limit counts the entries the features say can still run for this compile."""
-    for step in _steps("compute_cache_size"):
+    for step in steps("cache_size.count"):
         counted = run_step(step, cache_entries, current())
         cache_entries = cache_entries if counted is None else counted
     return call(frame, cache_entries, *args)
@@ -133,19 +177,16 @@ def _compute_cache_size(call: Any, frame: Any, cache_entries: Any, *args: Any) -
 def _build_guards(call: Any, self: Any, code: Any, *args: Any, **kwargs: Any) -> Any:
     """A frame's guards are built: optimizer state guards replaced before; the compile's
     outcomes recorded in the profile and the entry tied to its optimizers after."""
-    before, record, tie = _steps("DynamoOutput.build_guards")
-    run_step(before, self)
+    signal("build_guards.before", self)
     check_fn = call(self, code, *args, **kwargs)
-    run_step(record, code, self.tracer_output)
-    run_step(tie, self, check_fn)
+    signal("build_guards.after", self, code, check_fn)
     return check_fn
 
 
 def _map_sources_and_install_guards(call: Any, self: Any, tx: Any) -> None:
     """Dynamo mapped an optimizer's sources: its state dicts noted, its copied grads named."""
     call(self, tx)
-    for step in _steps("OptimizerVariable.map_sources_and_install_guards"):
-        run_step(step, self, tx)
+    signal("optimizer_sources.after", self, tx)
 
 
 HOOKS = [

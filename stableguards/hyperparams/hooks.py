@@ -11,11 +11,11 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from stableguards.hooks import seams
 from stableguards.hooks.core import Hook
 from stableguards.hyperparams import messages
 from stableguards.hyperparams.rewrite import hyperparameter_source, lerp_without_pinning, rewrite
 from stableguards.hyperparams.state import STATE
-from stableguards.warm_start.hooks.bundling import nothing_saved
 
 
 def _aot_starts(call: Any, *args: Any, **kwargs: Any) -> Any:
@@ -120,7 +120,7 @@ def _save_aot(call: Any, *args: Any, **kwargs: Any) -> None:
     shape_env = getattr(detect_fake_mode(), "shape_env", None)
     if shape_env is not None and shape_env in STATE.aot_not_cached:
         messages.graph_not_cached()
-        nothing_saved("its graph guards a scheduled hyperparameter, which AOTAutograd's cache entry would not "
+        seams.signal("graph.declined", "its graph guards a scheduled hyperparameter, which AOTAutograd's cache entry would not "
                       "check (stableguards.hyperparams)")
         return None
     return call(*args, **kwargs)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stableguards.hooks import seams
+from stableguards.hooks.seams import fills
 from stableguards.hooks.core import Hook
 from stableguards.hooks.entries import release_check_functions
 from stableguards.hooks.state import STATE as HOOK_STATE
@@ -44,6 +45,7 @@ def _note_seen(call: Any, self: Any, value: Any, *args: Any, **kwargs: Any) -> N
         STATE.traces.get(context, Trace).seen.setdefault(id(value), weakref.ref(value))
 
 
+@fills("optimizer_sources.after", "optimizers")
 def note_state_dicts(self: Any, tx: Any) -> None:
     """Dynamo mapped an optimizer's sources (``hooks.seams``): note each per-parameter state
     dict the step reads, with the source Dynamo gave it."""
@@ -87,6 +89,7 @@ def _state_leaves_with(optimizer: weakref.ref[Any]) -> Callable[[Any], None]:
     return init
 
 
+@fills("build_guards.before", "optimizers")
 def before_guards(dynamo_output: Any) -> None:
     """Before a frame's guards are built (``hooks.seams``): one version guard per state dict
     its optimizer steps read, instead of identity guards on the state tensors."""
@@ -97,7 +100,8 @@ def before_guards(dynamo_output: Any) -> None:
         _guard_state_dicts_by_version(output, trace.steps)
 
 
-def after_guards(dynamo_output: Any, check_fn: Any) -> None:
+@fills("build_guards.after", "optimizers")
+def after_guards(dynamo_output: Any, code: Any, check_fn: Any) -> None:
     """A frame's guards are built (``hooks.seams``): its entry lives as long as the optimizers
     the frame saw."""
     output = dynamo_output.tracer_output.output_graph
@@ -107,6 +111,7 @@ def after_guards(dynamo_output: Any, check_fn: Any) -> None:
             STATE.lives.depend(optimizer, check_fn)
 
 
+@fills("entry.lives_with", "optimizers")
 def lives_with(optimizers: list[Any], token: Any) -> None:
     """An entry installed without a trace (warm start's, bound to ``optimizers`` on its first
     call) lives as long as they do, as ``after_guards`` makes a traced one: released when
@@ -227,6 +232,7 @@ def _forget_shape_envs() -> None:
             cache_clear()
 
 
+@fills("cache_size.count", "optimizers")
 def live_entries(cache_entries: list, compile: seams.Compile | None) -> list:
     """Which entries count towards the recompile limit (``hooks.seams``): invalidated ones
     (their optimizer was collected) can never run again, so rebuilding an optimizer must not

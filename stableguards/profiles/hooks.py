@@ -15,6 +15,7 @@ from typing import Any
 
 from stableguards.events import EVENTS
 from stableguards.hooks.core import Hook, cache_subdir
+from stableguards.hooks.seams import fills
 from stableguards.profiles.identity import closure_fingerprint, default_profile_key
 from stableguards.profiles.profile import DYNAMIC, UNSET, CodeKey, Dim, Dims, Profile, SourceEntry
 from stableguards.profiles.profile import ProfileError, State, specialized, static
@@ -57,10 +58,11 @@ def _put_code_state(call: Any) -> None:
     return None
 
 
-def after_guards(code: Any, tracer_output: Any) -> None:
+@fills("build_guards.after", "profiles")
+def after_guards(dynamo_output: Any, code: Any, check_fn: Any) -> None:
     """A frame's guards are built (``hooks.seams``): record what its compile specialized."""
     if STATE.session is not None:
-        _record_outcomes(code, tracer_output)
+        _record_outcomes(code, dynamo_output.tracer_output)
 
 
 def _set_replacement(call: Any, shape_env: Any, a: Any, tgt: Any, msg: str) -> None:

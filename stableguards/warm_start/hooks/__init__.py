@@ -50,7 +50,8 @@ from typing import Any
 from stableguards.codes import descriptor_source, frame_label
 from stableguards.components import Components
 from stableguards.events import EVENTS
-from stableguards.hooks.core import Hook, cache_subdir, registered_name
+from stableguards.hooks.core import Hook, Needs, cache_subdir, registered_name
+from stableguards.hooks.seams import fills
 from stableguards.storage import ContentStore, configured
 from stableguards.storage import messages as store_messages
 from stableguards.storage.artifacts import cpu_isa
@@ -105,7 +106,7 @@ def _optimize(call: Any, rebuild_ctx: Any, backend: Any = "inductor", *args: Any
         return call(rebuild_ctx, backend, *args, **kwargs)
     from torch._dynamo.package import CompilePackage
 
-    from stableguards.backends.hooks import backend_fingerprint
+    from stableguards.hooks.fingerprints import backend_fingerprint
 
     fingerprint = backend_fingerprint(backend)
     if not fingerprint.stable:
@@ -456,11 +457,7 @@ def _entries() -> ContentStore:
     return configured(cache_subdir("store"))
 
 
-def _bypass_current_compile(call: Any, *args: Any, **kwargs: Any) -> None:
-    """Feature detection only: torch's per-compile bypass exists (see the module docstring)."""
-    return call(*args, **kwargs)
-
-
+@fills("convert_frame.compile", "warm_start")
 def compile_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
     """A frame starts compiling (``hooks.seams``): compile it for our package, then save its
     entry: every compile, not only on request.
@@ -666,11 +663,12 @@ def _explain_miss(code: Any, key: Components) -> None:
         messages.missed(frame_label(code), differences)
 
 
+# torch's per-compile bypass (see the module docstring): found, not hooked.
+NEEDS = (Needs(_PACKAGE, "CompilePackage.bypass_current_compile"),)
 HOOKS = [
     Hook("torch._dynamo.eval_frame", "_optimize", "warm_start", _optimize, params=("backend", "package")),
     Hook("torch._dynamo.eval_frame", "_TorchDynamoContext.__call__", "warm_start", _context_call,
          params=("fn",)),
-    Hook(_PACKAGE, "CompilePackage.bypass_current_compile", "warm_start", _bypass_current_compile),
     Hook(_PACKAGE, "_get_code_source", "warm_start", _code_source),
     Hook("torch._dynamo.output_graph", "OutputGraph.bypass_package", "warm_start", _bypass_package,
          params=("reason",)),

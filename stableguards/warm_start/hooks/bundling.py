@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from stableguards.hooks.core import Hook
+from stableguards.hooks.seams import fills
 from stableguards.warm_start.hooks import graph_params
 from stableguards.warm_start.state import STATE
 
@@ -201,6 +202,7 @@ def _bundled_entry(call: Any, compiled_fw_func: Any, compiled_bw_func: Any, *arg
     return call(compiled_fw_func, compiled_bw_func, *args, **kwargs)
 
 
+@fills("graph.declined", "warm_start")
 def nothing_saved(reason: str) -> None:
     """AOTAutograd saves no entry for the graph being compiled (another part declined it): if
     the graph is ours, its frame's compile is left out of the package, which would
@@ -223,11 +225,15 @@ def leave_out(reason: str) -> None:
         tx.output.bypass_package(reason)
 
 
+@fills("graph.runs_untraced", "warm_start")
 def runs_untraced(functions: list[tuple[str, Any]]) -> None:
     """The graph being compiled runs ``functions`` ((label, function): a checkpointing
     policy, an fx.wrap'd function) without Dynamo tracing them, so no guard of the frame
     looks at what they read: the frame's proof checks it (``proofs.live_proof``).  A
-    backward compiled on first use, whose frame's proof is written already, is left out."""
+    backward compiled on first use, whose frame's proof is written already, is left out.
+    Only for a graph of ours (bundled)."""
+    if not STATE.bundling.get():
+        return
     traced = STATE.traced.get()
     if traced is None or STATE.backward_of.get() is not None:
         leave_out(f"it runs {', '.join(sorted({label for label, _ in functions}))} without Dynamo guarding what "

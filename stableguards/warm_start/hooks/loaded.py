@@ -44,16 +44,16 @@ def _refusal(guard_manager: Any, f_locals: dict) -> str | None:
 
 def _lives_with(bound: list[Any], guard_manager: Any) -> None:
     """Released when an optimizer it was bound to is collected, as a traced entry is
-    (``optimizers.hooks.lives_with``): until then its checks fail for any other object, and
+    (slot ``entry.lives_with``): until then its checks fail for any other object, and
     it would count towards the frame's recompile limit for good."""
     from stableguards.hooks.entries import InstalledEntry
-    from stableguards.optimizers.hooks import lives_with
+    from stableguards.hooks.seams import signal
     from stableguards.identity.names import by_state
 
     if optimizers := [obj for obj in bound if obj is not None and by_state(obj)]:
         # The guard manager keeps its token alive; the optimizers' table holds it weakly.
         guard_manager.stableguards_entry = InstalledEntry(guard_manager)
-        lives_with(optimizers, guard_manager.stableguards_entry)
+        signal("entry.lives_with", optimizers, guard_manager.stableguards_entry)
 
 
 def _keep_loaded(call: Any, code: Any, guard_manager: Any, dynamo_code: Any) -> None:

@@ -881,20 +881,20 @@ def test_a_dict_subclass_that_rewrites_its_keys_is_rebuilt_with_the_items_it_hol
     import collections
     import pickle
 
-    from stableguards.warm_start.hooks import guards
+    from stableguards.warm_start import pickling
 
     registry = _RewritingRegistry()
     registry[2], registry[1] = "b", "a"
     registry.note = "kept"
     assert dict(pickle.loads(pickle.dumps(registry))) == {"kk2": "b", "kk1": "a"}  # what pickle makes of it
-    assert guards._rebuilt_through_its_setitem(registry)
-    rebuilt = guards._new_object(_RewritingRegistry)
-    guards._set_items_and_attributes(rebuilt, (list(dict.items(registry)), vars(registry)))
+    assert pickling.rebuilt_through_its_setitem(registry)
+    rebuilt = pickling.new_object(_RewritingRegistry)
+    pickling.set_items_and_attributes(rebuilt, (list(dict.items(registry)), vars(registry)))
     assert type(rebuilt) is _RewritingRegistry and list(rebuilt.items()) == [("k2", "b"), ("k1", "a")]
     assert rebuilt.note == "kept"
     for other in ({"a": 1}, collections.OrderedDict(a=1), collections.defaultdict(int), collections.Counter(a=1),
                   _SlottedDict(a=1), _StatefulDict(a=1)):
-        assert not guards._rebuilt_through_its_setitem(other), type(other)
+        assert not pickling.rebuilt_through_its_setitem(other), type(other)
 
 
 def test_only_a_value_no_guard_reads_that_pickle_cannot_save_becomes_torchs_sentinel():
@@ -904,16 +904,16 @@ def test_only_a_value_no_guard_reads_that_pickle_cannot_save_becomes_torchs_sent
     import contextvars
     import threading
 
-    from stableguards.warm_start.hooks import guards
+    from stableguards.warm_start import pickling
 
     var, lock, gen = contextvars.ContextVar("v"), threading.Lock(), (i for i in range(2))
     pickler = types.SimpleNamespace(guard_tree_values={}, _verbatim_elements=set())
-    assert all(guards._unpicklable_bystander(pickler, value) for value in (var, lock, gen))
+    assert all(pickling.unpicklable_bystander(pickler, value) for value in (var, lock, gen))
     pickler.guard_tree_values[id(var)] = var
     pickler._verbatim_elements.add(id(lock))
-    assert not guards._unpicklable_bystander(pickler, var) and not guards._unpicklable_bystander(pickler, lock)
+    assert not pickling.unpicklable_bystander(pickler, var) and not pickling.unpicklable_bystander(pickler, lock)
     for picklable in (object(), [var], {"v": var}, len, _RewritingRegistry, code_of, Fact):
-        assert not guards._unpicklable_bystander(pickler, picklable), picklable
+        assert not pickling.unpicklable_bystander(pickler, picklable), picklable
 
 
 def _state_init(optimizer, group: int = 0, source: str = "opt"):

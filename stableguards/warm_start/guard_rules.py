@@ -91,7 +91,7 @@ LAMBDA_RULES: dict[str, Rule] = {
         Check.SAME, "the functorch interpreter states are printed and rebuilt from the saved layers"),
 }
 # The text of stableguards' own id check bound on the entry's first call
-# (hooks.guards.ID_ON_FIRST_CALL), as a string literal (torch evaluates a failed guard's
+# (hooks.rebuilt_checks.ID_ON_FIRST_CALL), as a string literal (torch evaluates a failed guard's
 # code to name it).  Its fact is the ID_MATCH it stands for, written once the proof has
 # bound it (hooks.proofs); a live tree never holds one.
 FIRST_CALL = "stableguards: bound on the entry's first call #"

@@ -68,7 +68,7 @@ class WarmStart:
         # What tracing the frame being compiled for a saved entry read beyond its guards
         # (hooks.proofs.Traced); None outside such a compile.
         self.traced: contextvars.ContextVar[Any] = contextvars.ContextVar("stableguards_warm_traced", default=None)
-        # Loaded id checks bound on their entry's first call (hooks.guards.ID_ON_FIRST_CALL),
+        # Loaded id checks bound on their entry's first call (hooks.rebuilt_checks.ID_ON_FIRST_CALL),
         # by token, while their guard trees live.
         self.bindings: weakref.WeakValueDictionary[int, Binding] = weakref.WeakValueDictionary()
         # Source -> the id checks bound on first call made while a saved entry's guards are built
@@ -112,7 +112,7 @@ class Binding:
         self.token = next(self._tokens)
         self._ref: Callable[[], Any] | None = None  # a weak reference, or a holder
         # The source it checks, where its check sits on an ancestor's guard manager (a dict's
-        # takes no lambda guard: hooks.guards._add_bound_check); None: the check's own.
+        # takes no lambda guard: hooks.rebuilt_checks._add_bound_check); None: the check's own.
         self.at: str | None = None
 
     def bind(self, obj: Any) -> bool:
@@ -145,7 +145,7 @@ STATE = WarmStart()
 
 
 class TypeBinding(Binding):
-    """The class a loaded type check checks (``guards.TYPE_ON_FIRST_CALL``): the class of the
+    """The class a loaded type check checks (``rebuilt_checks.TYPE_ON_FIRST_CALL``): the class of the
     object at its source on the call its entry first serves."""
 
     def bind(self, obj: Any) -> bool:

@@ -58,7 +58,7 @@ from stableguards.storage.artifacts import cpu_isa
 from stableguards.storage.content import lease_seconds
 from stableguards.identity import fx_home
 from stableguards.warm_start import messages, variants
-from stableguards.warm_start.hooks import bundling, folds, graph_params, guards, loaded, optimizer_init, proofs
+from stableguards.warm_start.hooks import bundling, folds, graph_params, guards, loaded, optimizer_init, proofs, tracing
 from stableguards.identity.names import module_of_globals
 from stableguards.warm_start.index import changed_components, write_index
 from stableguards.warm_start.key import entry_key
@@ -507,7 +507,7 @@ def compile_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -
         _release_lease(ours.key.digest)
         return call.fn(self, frame, *args, **kwargs)
     ours.folded |= {(c.fn.__module__, c.fn.__qualname__, c.args, tuple(sorted(c.kwargs.items())))
-                    for c in traced.constants if guards.folds_process_state(c.fn)
+                    for c in traced.constants if tracing.folds_process_state(c.fn)
                     and variants.jsonable([c.args, list(c.kwargs.values())])}
     if _contents(package) != before:
         _save(package, ours, frame_name)
@@ -675,4 +675,4 @@ HOOKS = [
     Hook("torch._dynamo.precompile_context", "PrecompileContext.record_artifact", "warm_start", _record_artifact,
          params=("artifact",)),
 ]
-HOOKS += loaded.HOOKS + bundling.HOOKS + guards.HOOKS + folds.HOOKS + optimizer_init.HOOKS
+HOOKS += loaded.HOOKS + bundling.HOOKS + guards.HOOKS + tracing.HOOKS + folds.HOOKS + optimizer_init.HOOKS

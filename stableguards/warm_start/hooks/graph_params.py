@@ -16,7 +16,7 @@ Kept here (``rebindable``) when every attribute is a tensor with a source:
 * when the entry's guards are saved, each of them must be checked by id, or
   sit in a dict checked by its version (an optimizer's per-parameter state,
   ``stableguards.optimizers``); those checks are saved as checks bound on the
-  entry's first call (``guards.ID_ON_FIRST_CALL``, ``VERSION_ON_FIRST_CALL``),
+  entry's first call (``rebuilt_checks.ID_ON_FIRST_CALL``, ``VERSION_ON_FIRST_CALL``),
   and the proof compares what is found there with the cold tensors by what
   compiled code sees of them (``identity.graph_tensor``) and by which of
   them are one tensor or share a storage (``facts.GRAPH_TENSORS``);

@@ -413,7 +413,7 @@ def _bound_check(text: str, source: str) -> tuple[Binding | None, str, str]:
 
 def _first_call_fact(source: str, text: str, value: Callable[[str], Any], described: Callable[[Any], str | None],
                      bound: _Bound, identities: Identities) -> Fact:
-    """A loaded check bound on its entry's first call (``guards.ID_ON_FIRST_CALL``,
+    """A loaded check bound on its entry's first call (``rebuilt_checks.ID_ON_FIRST_CALL``,
     ``VERSION_ON_FIRST_CALL``): bound here to the object at its source on this call, whose
     proof is being checked, and written as the check it stands for.  The proof then
     compares what that object is with the cold one; if it differs, the entry never serves."""

@@ -17,12 +17,17 @@ from stableguards.components import Components
 from stableguards.files import atomic_write
 
 
-def index_path(directory: Path, key: Components, code: types.CodeType) -> Path:
+def function_name(key: Components, code: types.CodeType) -> str:
+    """The index's name for the function ``key`` is for."""
     parts = dict(key.items)
     name = f"{parts['module']}:{parts['qualname']}:{parts['receiver']}"
     if "<lambda>" in parts["qualname"]:
         name += f":{code.co_firstlineno}"
-    return directory / f"{hashlib.sha256(name.encode()).hexdigest()[:32]}.json"
+    return hashlib.sha256(name.encode()).hexdigest()[:32]
+
+
+def index_path(directory: Path, key: Components, code: types.CodeType) -> Path:
+    return directory / f"{function_name(key, code)}.json"
 
 
 def write_index(directory: Path, key: Components, code: types.CodeType) -> None:

@@ -4,10 +4,28 @@ compile under way for a saved entry (context variables: per thread)."""
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import itertools
 import weakref
 from collections.abc import Callable
 from typing import Any
+
+from stableguards.components import Components
+from stableguards.warm_start.variants import Call
+
+
+@dataclasses.dataclass
+class Ours:
+    """A package stableguards made: what its key needs besides the function; once
+    torch.compile(fn) ran, the key and the function's code."""
+
+    backend: str
+    dynamic: Any
+    key: Components | None = None
+    code: Any = None
+    # Calls its compiles folded about this process (a rank): its entry is kept per answer.
+    folded: set[Call] = dataclasses.field(default_factory=set)
+
 
 
 class WarmStart:
@@ -47,9 +65,6 @@ class WarmStart:
         self.contexts: dict[tuple[int, Any], set[str]] = {}
         # Keys of the entries this process saved (never loaded back by it).
         self.saved_here: set[str] = set()
-        # Key digests whose lease this process holds in the shared store -> that store
-        # (hooks._load): given back once the entry is saved or will not be.
-        self.leases: dict[str, Any] = {}
         # Packages whose save waits for a graph compiled later (a backward) -> what to save
         # (hooks._Pending); and the records of such packages that are gone, still waiting.
         self.pending: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()

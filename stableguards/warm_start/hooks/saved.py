@@ -17,6 +17,7 @@ from typing import Any
 
 from stableguards.components import Components
 from stableguards.storage import ContentStore
+from stableguards.warm_start.entries import fetch
 from stableguards.warm_start.proof import Proof
 
 # Loaded for real: what torch's and Python's own pickles name.  Anything else (the user's
@@ -29,8 +30,6 @@ _FINDS_USER_OBJECTS = frozenset({("stableguards.codes", "code_at"), ("stableguar
 def saved_proofs(index: Path, store: ContentStore) -> list[tuple[str, list[Proof | None]]]:
     """For each function the index names (its last saved key), its entry's proofs, one per
     compile: (a name for the entry, proofs)."""
-    from stableguards.warm_start.hooks import _fetch
-
     found = []
     for path in sorted(index.glob("*.json")):
         try:
@@ -40,7 +39,7 @@ def saved_proofs(index: Path, store: ContentStore) -> list[tuple[str, list[Proof
         parts = dict(key.items)
         name = f"{parts.get('module')}.{parts.get('qualname')} ({parts.get('file')}), key {key.digest[:12]}"
         try:
-            data = _fetch(store, key.digest)
+            data = fetch(store, key.digest)
         except Exception as error:  # noqa: BLE001 - an unreachable store, a corrupt or unsigned entry
             found.append((f"{name}: unreadable ({error!s:.120})", []))
             continue

@@ -1,0 +1,129 @@
+"""Warm start's entries in the store: fetch (waiting on another process's lease), publish,
+release, and explain a miss.
+
+A thin layer over the one configured store (``storage.configured``: ``STABLEGUARDS_STORE``,
+or a directory of ours in the cache dir), in the shape of JAX's ``compilation_cache``: the
+hook layer asks for bytes under a key and hands bytes back; what an entry is, it knows.
+
+* Entries live in ``warm_start/<key digest>``, or, where a compile folded calls about its
+  process (a rank), in ``warm_start/<digest>.<variant>`` with the calls in
+  ``warm_start_calls/<digest>`` (``warm_start.variants``).
+* While one process compiles an entry it holds the entry's lease; another process that
+  finds the lease held waits for the entry instead of compiling the same graphs.
+* The miss index: each saved key, by function, in ``warm_start_index/<function>``, so a
+  process whose key finds nothing (a fresh replica included) can name the components that
+  changed.  A local copy (``<cache dir>/stableguards/warm_start``) lists the functions for
+  the audit (``python -m stableguards audit``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import types
+from collections.abc import Callable
+
+from stableguards.components import Components
+from stableguards.hooks.core import cache_subdir
+from stableguards.storage import ContentStore, configured
+from stableguards.storage.content import lease_seconds
+from stableguards.warm_start import variants
+from stableguards.warm_start.index import changed_components, function_name, write_index
+
+NAMESPACE = "warm_start"
+CALLS = "warm_start_calls"  # the calls an entry's variants are chosen by (warm_start.variants)
+INDEX = "warm_start_index"
+
+
+def store() -> ContentStore:
+    """Our entries' store: ``STABLEGUARDS_STORE``, or a directory of ours in the cache dir."""
+    return configured(cache_subdir("store"))
+
+
+def fetch(store: ContentStore, digest: str) -> bytes | None:
+    """The entry under ``digest``, or its variant for this process when its compiles folded
+    calls about their process (``warm_start.variants``)."""
+    calls = store.fetch(CALLS, digest)
+    if calls is None:
+        return store.fetch(NAMESPACE, digest)
+    return store.fetch(NAMESPACE, f"{digest}.{variants.variant(calls)}")
+
+
+class Leases:
+    """The leases this process holds: key digest -> the store it holds it in, given back once
+    the entry is saved or will not be (and at exit)."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, ContentStore] = {}
+
+    def fetch_or_claim(self, digest: str, waiting: Callable[[str], None]) -> bytes | None:
+        """The saved entry under ``digest``, or None.  While another process holds its lease
+        (it is compiling the same entry from the same store), wait for it (``waiting`` is told
+        the store) instead of compiling the same graphs; on a miss, take the lease.  Raises
+        what the store raises."""
+        found = store()
+        data = fetch(found, digest)
+        # Never wait for a lease this process holds itself (a compile of the same key under
+        # way or unsaved here, e.g. before torch._dynamo.reset()).
+        if data is None and digest not in self.held and found.held(NAMESPACE, digest):
+            waiting(found.describe())
+            if found.wait_released(NAMESPACE, digest, lease_seconds()):
+                data = fetch(found, digest)
+        if data is None and found.claim(NAMESPACE, digest, lease_seconds()):
+            if not self.held:
+                atexit.register(self.release_all)  # an entry still waiting for its backward
+            self.held[digest] = found
+        return data
+
+    def shorten(self, digest: str) -> None:
+        """An entry that waits for its backward (compiled on first use, which may never come: a
+        forward run with grad and no backward) keeps its lease for a tenth of the lease period
+        only: others wait that long for it at most, then compile it themselves."""
+        held = self.held.get(digest)
+        if held is None:
+            return
+        with contextlib.suppress(Exception):  # an unreachable store: the lease expires by itself
+            held.release(NAMESPACE, digest)
+            if held.claim(NAMESPACE, digest, lease_seconds() / 10):
+                return
+        self.held.pop(digest, None)
+
+    def release(self, digest: str) -> None:
+        held = self.held.pop(digest, None)
+        if held is not None:
+            with contextlib.suppress(Exception):  # an unreachable store: the lease expires by itself
+                held.release(NAMESPACE, digest)
+
+    def release_all(self) -> None:
+        for digest in list(self.held):
+            self.release(digest)
+
+
+def publish(key: Components, code: types.CodeType, data: bytes, calls: bytes | None) -> None:
+    """Save an entry under ``key`` (its variant for ``calls``, if its compiles folded any), and
+    the key in the miss index.  Raises what the store raises."""
+    found, name = store(), key.digest
+    if calls is not None:
+        name = f"{name}.{variants.variant(calls)}"
+        found.publish(CALLS, key.digest, calls)
+    found.publish(NAMESPACE, name, data)
+    write_index(cache_subdir("warm_start"), key, code)
+    with contextlib.suppress(Exception):  # the index only explains misses: never fail a save for it
+        found.publish(INDEX, function_name(key, code), json.dumps(key.as_json()).encode())
+
+
+def changed(key: Components, code: types.CodeType) -> list[str] | None:
+    """How ``key`` differs from the last key saved for the same function (the store's index,
+    else this machine's); None when nothing was saved for it or the keys are equal."""
+    try:
+        raw = store().fetch(INDEX, function_name(key, code))
+        saved = Components.from_json(json.loads(raw)) if raw is not None else None
+    except Exception:  # noqa: BLE001 - unreachable, unsigned or corrupt: this machine's index
+        saved = None
+    if saved is None:
+        return changed_components(cache_subdir("warm_start"), key, code)
+    return key.differences(saved) if saved.digest != key.digest else None
+
+
+LEASES = Leases()

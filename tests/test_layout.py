@@ -79,3 +79,10 @@ def test_the_check_sees_an_edge(tmp_path, monkeypatch):
     monkeypatch.setitem(globals(), "PACKAGE", fake)
     assert part_edges() == [("stableguards/keys/hooks.py", "stableguards.warm_start.state"),
                             ("stableguards/keys/hooks.py", "stableguards.profiles")]
+
+
+def test_no_module_is_over_400_lines():
+    """Short modules named for what they do: a module past this is doing more than one thing."""
+    long = {str(path.relative_to(PACKAGE.parent)): n for path in PACKAGE.rglob("*.py")
+            if (n := len(path.read_text().splitlines())) > 400}
+    assert long == {}

@@ -113,7 +113,8 @@ def fills(slot: str, part: str) -> Callable[[F], F]:
 def check_slots() -> None:
     """Every slot has a step from each part listed for it (install: a renamed or missing step
     fails here, not as a fallback when a compile reaches it)."""
-    missing = [f"{slot.name} ({part})" for slot in SLOTS for part in slot.order if part not in FILLED.get(slot.name, {})]
+    missing = [f"{slot.name} ({part})" for slot in SLOTS for part in slot.order
+               if part not in FILLED.get(slot.name, {})]
     if missing:
         raise HookDoesNotFit(f"no step fills {', '.join(missing)}")
 

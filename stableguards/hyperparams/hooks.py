@@ -120,8 +120,8 @@ def _save_aot(call: Any, *args: Any, **kwargs: Any) -> None:
     shape_env = getattr(detect_fake_mode(), "shape_env", None)
     if shape_env is not None and shape_env in STATE.aot_not_cached:
         messages.graph_not_cached()
-        seams.signal("graph.declined", "its graph guards a scheduled hyperparameter, which AOTAutograd's cache entry would not "
-                      "check (stableguards.hyperparams)")
+        seams.signal("graph.declined", "its graph guards a scheduled hyperparameter, which AOTAutograd's cache "
+                                       "entry would not check (stableguards.hyperparams)")
         return None
     return call(*args, **kwargs)
 

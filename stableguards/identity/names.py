@@ -16,6 +16,19 @@ PARAMETRIZE = "torch.nn.utils.parametrize"
 OPTIMIZER = "torch.optim.optimizer.Optimizer"
 TENSOR = "torch._C.TensorBase"
 
+# Types whose repr is their whole value in every process, by qualified name.
+BY_REPR = frozenset({
+    "torch.dtype", "torch.device", "torch.layout", "torch.memory_format", "torch.Size",
+    "torch._ops.OpOverload", "torch._ops.OpOverloadPacket", "torch._ops._OpNamespace",
+    "torch._ops.HigherOrderOperator",
+})
+# Builtin types an enum mixes in (IntEnum, StrEnum, IntFlag), and the data of a member as that
+# type, read past any method of the enum's that would say otherwise.
+ENUM_MIXINS = {int: int.__int__, float: float.__float__, complex: complex.__complex__, str: str.__str__,
+               bytes: bytes.__bytes__}
+# What the enum machinery keeps on each member; its value and name are described on their own.
+ENUM_BOOKKEEPING = frozenset({"_value_", "_name_", "__objclass__", "_sort_order_"})
+
 
 def module_copy(obj: Any) -> bool:
     """Whether ``obj`` is a module loaded from a file apart from ``sys.modules``, which holds

@@ -68,16 +68,10 @@ from typing import Any
 
 from stableguards.codes import code_digest, qualified
 from stableguards.identity import fx_home
-from stableguards.identity.names import (CHECKED, SCALARS, SINGLETON_TYPES, TENSOR, TYPES_MODULE_NAMES, builtin,
-                                         by_state, fx_graph_class, importable, is_a, label, module_copy,
-                                         module_of_globals, parametrized, short_digest, tensor_identity, type_name)
-
-# Types whose repr is their whole value in every process, by qualified name.
-_BY_REPR = frozenset({
-    "torch.dtype", "torch.device", "torch.layout", "torch.memory_format", "torch.Size",
-    "torch._ops.OpOverload", "torch._ops.OpOverloadPacket", "torch._ops._OpNamespace",
-    "torch._ops.HigherOrderOperator",
-})
+from stableguards.identity.names import (BY_REPR, CHECKED, ENUM_BOOKKEEPING, ENUM_MIXINS, SCALARS, SINGLETON_TYPES,
+                                         TENSOR, TYPES_MODULE_NAMES, builtin, by_state, fx_graph_class, importable,
+                                         is_a, label, module_copy, module_of_globals, parametrized, short_digest,
+                                         tensor_identity, type_name)
 
 
 class _Empty:
@@ -168,7 +162,7 @@ class Identities:
             # A bare object() carries no state: a sentinel (a default argument `missing`),
             # which code only compares by identity, within one process.
             return "object()"
-        if type_name(obj) in _BY_REPR:
+        if type_name(obj) in BY_REPR:
             return f"{type_name(obj)}:{obj!r}"
         if kind in (tuple, list, frozenset, set):
             parts = self._all(obj)
@@ -325,8 +319,8 @@ class Identities:
         owner = self.describe(type(member))
         if owner is None:
             return None
-        data = tuple(convert(member) for base, convert in _ENUM_MIXINS.items() if isinstance(member, base))
-        attributes = {name: value for name, value in vars(member).items() if name not in _ENUM_BOOKKEEPING}
+        data = tuple(convert(member) for base, convert in ENUM_MIXINS.items() if isinstance(member, base))
+        attributes = {name: value for name, value in vars(member).items() if name not in ENUM_BOOKKEEPING}
         parts = self._all((member._value_, *data, *((attributes,) if attributes else ())))
         return None if parts is None else f"enum:{owner}.{member._name_}={':'.join(parts)}"
 
@@ -390,12 +384,6 @@ class Identities:
         return self.describe(value)
 
 
-# Builtin types an enum mixes in (IntEnum, StrEnum, IntFlag), and the data of a member as that
-# type, read past any method of the enum's that would say otherwise.
-_ENUM_MIXINS = {int: int.__int__, float: float.__float__, complex: complex.__complex__, str: str.__str__,
-                bytes: bytes.__bytes__}
-# What the enum machinery keeps on each member; its value and name are described on their own.
-_ENUM_BOOKKEEPING = frozenset({"_value_", "_name_", "__objclass__", "_sort_order_"})
 _METHOD_LIKE = (types.FunctionType, staticmethod, classmethod, property, functools.partialmethod,
                 functools.cached_property)
 # Classes whose instances, used as decorators, are what their class's code does with their state.

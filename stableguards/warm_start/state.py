@@ -51,7 +51,7 @@ class WarmStart:
         # The backend id whose backward is being compiled on first use, for a graph of ours.
         self.backward_of: contextvars.ContextVar[str | None] = contextvars.ContextVar(
             "stableguards_warm_backward_of", default=None)
-        # Backend ids whose graphs cannot be saved -> why (hooks._leave_out).
+        # Backend ids whose graphs cannot be saved -> why (hooks.signals.leave_out).
         self.unsaveable: dict[str, str] = {}
         # Whether inductor is loading a graph for one of our entries (hooks._load_compiled_graph).
         self.loading_compiled: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -81,7 +81,7 @@ class WarmStart:
         self.checking: contextvars.ContextVar[bool] = contextvars.ContextVar("stableguards_warm_checking",
                                                                              default=False)
         # What tracing the frame being compiled for a saved entry read beyond its guards
-        # (hooks.proofs.Traced); None outside such a compile.
+        # (traced.Traced); None outside such a compile.
         self.traced: contextvars.ContextVar[Any] = contextvars.ContextVar("stableguards_warm_traced", default=None)
         # Loaded id checks bound on their entry's first call (hooks.rebuilt_checks.ID_ON_FIRST_CALL),
         # by token, while their guard trees live.

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from stableguards.hooks.core import Hook
-from stableguards.hooks.seams import fills
 from stableguards.warm_start.hooks import graph_params
+from stableguards.warm_start.hooks.signals import leave_out
 from stableguards.warm_start.state import STATE
 
 _AUTOGRAD_CACHE = "torch._functorch._aot_autograd.autograd_cache"
@@ -200,46 +200,6 @@ def _bundled_entry(call: Any, compiled_fw_func: Any, compiled_bw_func: Any, *arg
             fn if fn is None or (gm := graph_without_calls(fn)) is None else GraphModuleCode(gm=gm)
             for fn in (compiled_fw_func, compiled_bw_func))
     return call(compiled_fw_func, compiled_bw_func, *args, **kwargs)
-
-
-@fills("graph.declined", "warm_start")
-def nothing_saved(reason: str) -> None:
-    """AOTAutograd saves no entry for the graph being compiled (another part declined it): if
-    the graph is ours, its frame's compile is left out of the package, which would
-    otherwise wait for that graph's artifact forever, saving none of its later frames."""
-    if STATE.bundling.get():
-        leave_out(reason)
-
-
-def leave_out(reason: str) -> None:
-    """Leave the graph being compiled out of our package: the frame's compile (torch's
-    per-compile bypass), or the function whose backward this is."""
-    backward_of = STATE.backward_of.get()
-    if backward_of is not None:
-        STATE.unsaveable[backward_of] = reason
-        return
-    from torch._dynamo.symbolic_convert import InstructionTranslator
-
-    tx = getattr(InstructionTranslator, "current_tx", lambda: None)()
-    if tx is not None and tx.output.package is not None:
-        tx.output.bypass_package(reason)
-
-
-@fills("graph.runs_untraced", "warm_start")
-def runs_untraced(functions: list[tuple[str, Any]]) -> None:
-    """The graph being compiled runs ``functions`` ((label, function): a checkpointing
-    policy, an fx.wrap'd function) without Dynamo tracing them, so no guard of the frame
-    looks at what they read: the frame's proof checks it (``proofs.live_proof``).  A
-    backward compiled on first use, whose frame's proof is written already, is left out.
-    Only for a graph of ours (bundled)."""
-    if not STATE.bundling.get():
-        return
-    traced = STATE.traced.get()
-    if traced is None or STATE.backward_of.get() is not None:
-        leave_out(f"it runs {', '.join(sorted({label for label, _ in functions}))} without Dynamo guarding what "
-                  f"they read; the AOTAutograd cache key holds it instead")
-        return
-    traced.untraced.extend(functions)
 
 
 def _user_bundles() -> bool:

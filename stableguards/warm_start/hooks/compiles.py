@@ -20,8 +20,9 @@ from stableguards.hooks.core import Hook
 from stableguards.hooks.seams import fills
 from stableguards.storage import messages as store_messages
 from stableguards.warm_start import entries, messages, variants
-from stableguards.warm_start.hooks import bundling, graph_params, proofs, tracing
+from stableguards.warm_start.hooks import bundling, graph_params, tracing
 from stableguards.warm_start.state import STATE, Ours
+from stableguards.warm_start.traced import Traced
 
 
 @fills("convert_frame.compile", "warm_start")
@@ -43,7 +44,7 @@ def compile_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -
             self._package = None
         return call(self, frame, *args, **kwargs)
     frame_name = frame_label(frame.f_code)
-    traced = proofs.Traced()
+    traced = Traced()
     before = _contents(package)
     tokens = [(STATE.frame, STATE.frame.set(frame_name)), (STATE.bundling, STATE.bundling.set(True)),
               (STATE.traced, STATE.traced.set(traced))]

@@ -17,6 +17,7 @@ from stableguards.warm_start.guard_rules import Unprovable
 from stableguards.warm_start.hooks import graph_params, proofs, rebuilt_checks
 from stableguards.warm_start.hooks.rebuilt_checks import ID_ON_FIRST_CALL
 from stableguards.warm_start.state import STATE, Binding
+from stableguards.warm_start.traced import Traced
 
 _PACKAGE = "torch._dynamo.package"
 
@@ -65,7 +66,7 @@ def _serialize_guards(call: Any, self: Any, builder: Any, sorted_guards: list, o
 
     from torch._dynamo.exc import PackageError
 
-    traced = STATE.traced.get() or proofs.Traced()
+    traced = STATE.traced.get() or Traced()
     bound, versioned = _graph_tensors(traced, sorted_guards)
     versioned |= _empty_dicts(builder, sorted_guards)
     # An object whose id the trace used only as a key is bound on the first call, as a graph's tensor is.
@@ -205,7 +206,7 @@ def _cold_ambient_state(device: Any, dispatch_keys: tuple[int, int] | None) -> I
             torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
 
 
-def _graph_tensors(traced: proofs.Traced, guards: list) -> tuple[frozenset[str], frozenset[str]]:
+def _graph_tensors(traced: Traced, guards: list) -> tuple[frozenset[str], frozenset[str]]:
     """The sources of the tensors the compile's graphs take in front of their inputs
     (``graph_params``), and the dicts holding those of them that are checked through their
     dict's version: each is checked by id, or sits in a dict checked by its version (an
@@ -237,7 +238,7 @@ def _empty_dicts(builder: Any, guards: list) -> frozenset[str]:
     """The dicts whose version is checked that were empty when the guards were built: an
     optimizer's per-parameter state, made by its first step's ``_init_group`` and filled by
     its graph.  Bound on the entry's first call like a dict holding graph tensors: what the
-    proof says of it (``proofs._state_dict_fact``: it held nothing) is checked there."""
+    proof says of it (``first_call.state_dict_fact``: it held nothing) is checked there."""
     return frozenset(guard.name for guard in guards if guard.create_fn_name() == "DICT_VERSION"
                      and type(value := builder.get(guard)) is dict and not value)
 

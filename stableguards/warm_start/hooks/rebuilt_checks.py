@@ -73,7 +73,7 @@ def VERSION_ON_FIRST_CALL(builder: Any, guard: Any) -> None:  # noqa: N802 - nam
     dict whose tensors a graph takes (``graph_params``): bound to the version the dict has
     on the call the entry first serves, when the entry's proof shows the dict holds what
     the cold one did (its keys, and its tensors by what the compiled code sees of them:
-    ``proofs._state_dict_fact``).  A version belongs to one dict in one state (PEP 509), so
+    ``first_call.state_dict_fact``).  A version belongs to one dict in one state (PEP 509), so
     from then on it checks what the cold compile's version check did: the same dict,
     unchanged, holding the tensors the graph is given."""
     from torch._C._dynamo.guards import dict_version

@@ -2,7 +2,7 @@
 
 Each hook here runs only while a frame is traced for one of our packages
 (``STATE.traced`` is set by ``compile_frame``) and adds to that compile's
-``proofs.Traced``: resume functions torch installs, ``assume_constant_result``
+``traced.Traced``: resume functions torch installs, ``assume_constant_result``
 calls and calls Dynamo folds about this process, custom operators a graph calls,
 checkpointing ``context_fn`` sources, inlined functions with the globals they
 read; two route a global through a source a restarted process has.
@@ -18,8 +18,8 @@ from typing import Any
 
 from stableguards.hooks import operators
 from stableguards.hooks.core import Hook
-from stableguards.warm_start.hooks import proofs
 from stableguards.warm_start.state import STATE
+from stableguards.warm_start.traced import ConstantCall
 
 
 def _record_resume(call: Any, self: Any, name: str, *args: Any, **kwargs: Any) -> None:
@@ -68,7 +68,7 @@ def _record_constant(call: Any, tx: Any, fn: Any, name: str, args: Any, kwargs: 
 
     def recorded(*a: Any, **k: Any) -> Any:
         result = fn(*a, **k)
-        traced.constants.append(proofs.ConstantCall(fn, a, k, result))
+        traced.constants.append(ConstantCall(fn, a, k, result))
         return result
 
     return call(tx, recorded, name, args, kwargs)
@@ -85,7 +85,7 @@ def _record_folded(call: Any, self: Any, tx: Any, args: Any, kwargs: Any) -> Any
     if traced is not None and operators.is_custom(self.value):
         traced.operators[str(self.value)] = self.value  # what it computes is a fact (proofs)
     if traced is not None and folds_process_state(self.value):
-        traced.constants.append(proofs.ConstantCall(self.value, tuple(map(_plain, args)),
+        traced.constants.append(ConstantCall(self.value, tuple(map(_plain, args)),
                                                     {k: _plain(v) for k, v in kwargs.items()}, _plain(result)))
     return result
 

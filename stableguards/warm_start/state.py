@@ -1,16 +1,18 @@
-"""What warm start keeps for this process: its packages, the entries they loaded, and the
-compile under way for a saved entry (context variables: per thread)."""
+"""What warm start keeps for this process: a record per package (``Ours``), the entries they
+loaded, and per thread the compile (``Compiling``) and the load (``Loading``) under way."""
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import itertools
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from stableguards.components import Components
+from stableguards.warm_start.traced import Traced
 from stableguards.warm_start.variants import Call
 
 
@@ -25,71 +27,100 @@ class Ours:
     code: Any = None
     # Calls its compiles folded about this process (a rank): its entry is kept per answer.
     folded: set[Call] = dataclasses.field(default_factory=set)
+    # Its entry, waiting for a graph compiled later (a backward, on first use): hooks.compiles._save.
+    pending: Pending | None = None
 
+
+@dataclasses.dataclass(eq=False)
+class Pending:
+    """A package's entry waiting for a graph compiled later (a backward, on first use)."""
+
+    frame: str
+    ours: Ours
+    entry: Any  # the package's entry when it last compiled: its codes are the package's own
+    orphan: Any = None  # weakref.finalize: keeps this record once the package is gone
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiling:
+    """A graph compiled for one of our packages on this thread (``STATE.compiling``): a frame
+    (``hooks.compiles.compile_frame``), or the backward of one of our graphs compiled on first
+    use (``hooks.bundling``).  A compile nested in another is a copy with its own fields
+    changed (``WarmStart.compiling_as``); the empty one stands for none."""
+
+    frame: str | None = None  # the frame compiled for one of our packages (for explanations)
+    traced: Traced | None = None  # what tracing that frame read beyond its guards
+    backward_of: str | None = None  # the backend id whose backward is compiled on first use
+    # Whether an AOTAutograd entry made here is bundled (self-contained), as a package saves
+    # its graphs from them.
+    bundling: bool = False
+    proof: Any = None  # the proof of the entry whose guards are being saved (hooks.guards)
+
+
+@dataclasses.dataclass(frozen=True)
+class Loading:
+    """A saved entry being loaded on this thread (``STATE.loading``), as ``Compiling``."""
+
+    package: Any = None  # the package whose entries are being installed (hooks._install)
+    checking: bool = False  # saved guards being loaded back to be checked (hooks.guards._round_trip)
+    # Source -> the checks bound on first call made while a saved entry's guards are built.
+    bindings: dict[str, Binding] | None = None
+    compiled: bool = False  # inductor loading a graph for one of our entries (bundling._load_compiled_graph)
+    kernel_binary: str | None = None  # the binary of the C++ kernel it is loading (bundling._kernel_source)
 
 
 class WarmStart:
-    """Our packages, the entries they loaded, what is being compiled (``warm_start.hooks``)."""
+    """Our packages, the entries they loaded, what is being compiled and loaded (``warm_start.hooks``)."""
 
     def __init__(self) -> None:
         # Packages stableguards made (hooks._optimize) -> their Ours record.  Only
         # these are keyed, loaded, saved or touched by any warm-start hook.
-        self.ours: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-        # The frame being compiled for one of our packages (for explanations); None otherwise.
-        self.frame: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-            "stableguards_warm_frame", default=None)
-        # Whether an AOTAutograd entry of ours is being made: bundled (self-contained), as a
-        # package saves its graphs from them.  Set for our compiles and for the backward
-        # of one of our graphs compiled on first use.
-        self.bundling: contextvars.ContextVar[bool] = contextvars.ContextVar(
-            "stableguards_warm_bundling", default=False)
+        self.ours: weakref.WeakKeyDictionary[Any, Ours] = weakref.WeakKeyDictionary()
         # The backend ids (__compiled_fn_N_<uuid>) of graphs compiled for our packages.
         self.backend_ids: set[str] = set()
         # Backend ids of our graphs inductor compiled with flattened inputs (compiled autograd's
         # graphs: hooks.bundling._flattened).
         self.flattened: set[str] = set()
-        # The backend id whose backward is being compiled on first use, for a graph of ours.
-        self.backward_of: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-            "stableguards_warm_backward_of", default=None)
         # Backend ids whose graphs cannot be saved -> why (hooks.signals.leave_out).
         self.unsaveable: dict[str, str] = {}
-        # Whether inductor is loading a graph for one of our entries (hooks._load_compiled_graph).
-        self.loading_compiled: contextvars.ContextVar[bool] = contextvars.ContextVar(
-            "stableguards_warm_loading_compiled", default=False)
-        # The binary of the C++ kernel inductor is loading for such a graph (hooks._kernel_source).
-        self.kernel_binary: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-            "stableguards_warm_kernel_binary", default=None)
         # by_code(code) -> (key digest, weak package) of the entries installed on it.
         self.installed: dict[tuple[int, Any], tuple[str, weakref.ref]] = {}
         # by_code(code) -> the keys of every compiled context made for it ("other": no key).
         self.contexts: dict[tuple[int, Any], set[str]] = {}
         # Keys of the entries this process saved (never loaded back by it).
         self.saved_here: set[str] = set()
-        # Packages whose save waits for a graph compiled later (a backward) -> what to save
-        # (hooks._Pending); and the records of such packages that are gone, still waiting.
-        self.pending: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-        self.orphans: list[Any] = []
-        # The package whose entries are being installed (hooks._install).
-        self.installing: contextvars.ContextVar[Any] = contextvars.ContextVar(
-            "stableguards_warm_installing", default=None)
+        # The waiting entries (Ours.pending) of packages that are gone.
+        self.orphans: list[Pending] = []
         # by_code(code) -> loaded entries not yet in Dynamo's cache, in the order tried
         # (hooks.LoadedEntry).
         self.loaded: dict[tuple[int, Any], list[Any]] = {}
-        # The proof of the entry whose guards are being saved (hooks._serialize_guards).
-        self.proof: contextvars.ContextVar[Any] = contextvars.ContextVar("stableguards_warm_proof", default=None)
-        # Whether saved guards are being loaded back to be checked (hooks._round_trip).
-        self.checking: contextvars.ContextVar[bool] = contextvars.ContextVar("stableguards_warm_checking",
-                                                                             default=False)
-        # What tracing the frame being compiled for a saved entry read beyond its guards
-        # (traced.Traced); None outside such a compile.
-        self.traced: contextvars.ContextVar[Any] = contextvars.ContextVar("stableguards_warm_traced", default=None)
         # Loaded id checks bound on their entry's first call (hooks.rebuilt_checks.ID_ON_FIRST_CALL),
         # by token, while their guard trees live.
         self.bindings: weakref.WeakValueDictionary[int, Binding] = weakref.WeakValueDictionary()
-        # Source -> the id checks bound on first call made while a saved entry's guards are built
-        # (hooks.guards._load_guard_manager).
-        self.building: contextvars.ContextVar[dict[str, Binding] | None] = contextvars.ContextVar(
-            "stableguards_warm_building", default=None)
+        # The graph compiled for one of our packages on this thread, and the saved entry loaded.
+        self.compiling: contextvars.ContextVar[Compiling] = contextvars.ContextVar("stableguards_warm_compiling",
+                                                                                  default=Compiling())
+        self.loading: contextvars.ContextVar[Loading] = contextvars.ContextVar("stableguards_warm_loading",
+                                                                              default=Loading())
+
+    @contextlib.contextmanager
+    def compiling_as(self, **changes: Any) -> Iterator[Compiling]:
+        """A compile nested in this thread's: the current one with ``changes``, while in the block."""
+        token = self.compiling.set(dataclasses.replace(self.compiling.get(), **changes))
+        try:
+            yield self.compiling.get()
+        finally:
+            self.compiling.reset(token)
+
+    @contextlib.contextmanager
+    def loading_as(self, **changes: Any) -> Iterator[Loading]:
+        """A load nested in this thread's: the current one with ``changes``, while in the block."""
+        token = self.loading.set(dataclasses.replace(self.loading.get(), **changes))
+        try:
+            yield self.loading.get()
+        finally:
+            self.loading.reset(token)
 
     def drop_loaded(self, package: Any = None) -> None:
         """Forget the loaded entries of ``package`` (of every package if None)."""

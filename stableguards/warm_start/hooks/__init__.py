@@ -266,15 +266,13 @@ def _initialize(package: Any, target: Any, entry: Any, code: Any, key: Component
 def _install(package: Any, backends: Any) -> None:
     """Install a package's entries (``_keep_loaded`` receives each).  A failure warns once."""
     _drop_unfound(package)
-    token = STATE.installing.set(package)
-    try:
-        package.install(backends)
-    except Exception as error:
-        EVENTS.warn_once("warm start install", f"stableguards: a saved compiled entry could not be installed "
-                                              f"({error!r}); compiling as usual")
-        raise
-    finally:
-        STATE.installing.reset(token)
+    with STATE.loading_as(package=package):
+        try:
+            package.install(backends)
+        except Exception as error:
+            EVENTS.warn_once("warm start install", f"stableguards: a saved compiled entry could not be installed "
+                                                  f"({error!r}); compiling as usual")
+            raise
 
 
 def _drop_unfound(package: Any) -> None:

@@ -22,7 +22,7 @@ _PACKAGE = "torch._dynamo.package"
 def _bundle_autograd_entries(call: Any) -> bool:
     """AOTAutograd entries of ours are bundled (self-contained): a package saves its graphs
     from them.  Any other compile bundles as the user's settings say."""
-    return STATE.bundling.get() or call()
+    return STATE.compiling.get().bundling or call()
 
 
 def _compile_backward(call: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -47,12 +47,8 @@ def _compile_backward(call: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
 @contextlib.contextmanager
 def _bundled_backward_of(backend_id: str | None) -> Iterator[None]:
     """The entry saved in here is bundled, and is the backward of the graph ``backend_id``."""
-    tokens = [(STATE.bundling, STATE.bundling.set(True)), (STATE.backward_of, STATE.backward_of.set(backend_id))]
-    try:
+    with STATE.compiling_as(bundling=True, backward_of=backend_id):
         yield
-    finally:
-        for var, token in reversed(tokens):
-            var.reset(token)
 
 
 def _save_when_traced(call: Any, *args: Any, **kwargs: Any) -> Any:
@@ -124,7 +120,7 @@ def _under_compiled_autograd(aot_config: Any) -> bool:
     """Whether a graph of ours compiled now saves its entry for compiled autograd
     (``_save_when_traced``): unless the user has torch compile every backward with its
     forward (``force_non_lazy_backward_lowering``)."""
-    return STATE.bundling.get() and _compiled_autograd_on() and not aot_config.force_non_lazy_backward_lowering
+    return STATE.compiling.get().bundling and _compiled_autograd_on() and not aot_config.force_non_lazy_backward_lowering
 
 
 def _as_loaded(bw_module: Any) -> Any:
@@ -170,13 +166,10 @@ def _save_aot_entry(call: Any, *compiled_fns: Any) -> bool:
     ``forward``, which ``_bundled_entry`` bundles as it is (``no_compute``).  Anything
     else bundling cannot hold (torch 2.15 fails the compile: "expected OutputCode") is
     saved as the user's settings say, and left out of its entry."""
-    if not STATE.bundling.get() or all(_bundleable(fn) for fn in compiled_fns if fn is not None):
+    if not STATE.compiling.get().bundling or all(_bundleable(fn) for fn in compiled_fns if fn is not None):
         return call(*compiled_fns)
-    token = STATE.bundling.set(False)
-    try:
+    with STATE.compiling_as(bundling=False):
         saved = call(*compiled_fns)
-    finally:
-        STATE.bundling.reset(token)
     leave_out("inductor returned something other than compiled code for a graph: there is nothing to save")
     return saved
 
@@ -193,7 +186,7 @@ def _bundled_entry(call: Any, compiled_fw_func: Any, compiled_bw_func: Any, *arg
     """A bundled entry of ours for a graph with nothing to compute holds the graph module
     itself (``GraphModuleCode``), the one inductor returned to run: the same code runs in
     the process that loads it.  The compiled function this process runs is unchanged."""
-    if STATE.bundling.get():
+    if STATE.compiling.get().bundling:
         from stableguards.warm_start.hooks.no_compute import GraphModuleCode, graph_without_calls
 
         compiled_fw_func, compiled_bw_func = (
@@ -218,7 +211,7 @@ def _count_bundled_hit(call: Any, self: Any, example_inputs: Any) -> Any:
     from torch._inductor.output_code import CompiledFxGraph
 
     result = call(self, example_inputs)
-    if STATE.bundling.get() and not _user_bundles() and isinstance(result, CompiledFxGraph):
+    if STATE.compiling.get().bundling and not _user_bundles() and isinstance(result, CompiledFxGraph):
         from torch._dynamo.utils import CompileEventLogger, counters
 
         counters["inductor"]["fxgraph_cache_hit"] += 1
@@ -229,21 +222,19 @@ def _count_bundled_hit(call: Any, self: Any, example_inputs: Any) -> Any:
 def _load_compiled_graph(call: Any, self: Any, constants: Any) -> Any:
     """Load a cached inductor graph for one of our entries without preparing to compile the
     C++ kernels that are built already (see _precompile_header)."""
-    if STATE.installing.get() is None:
+    if STATE.loading.get().package is None:
         return call(self, constants)
-    token = STATE.loading_compiled.set(True)
-    try:
+    with STATE.loading_as(compiled=True):
         return call(self, constants)
-    finally:
-        STATE.loading_compiled.reset(token)
 
 
 def _kernel_source(call: Any, content: Any, extension: str, *args: Any, **kwargs: Any) -> tuple[str, str]:
     """A C++ kernel's source written for a cached graph of ours: where its binary is (see
     _precompile_header)."""
     key, path = call(content, extension, *args, **kwargs)
-    if extension == "main.cpp" and STATE.loading_compiled.get():
-        STATE.kernel_binary.set(os.path.splitext(path)[0] + ".so")
+    if extension == "main.cpp" and STATE.loading.get().compiled:
+        # Kept for this load only: the load's scope (loading_as) ends with the graph's.
+        STATE.loading.set(dataclasses.replace(STATE.loading.get(), kernel_binary=os.path.splitext(path)[0] + ".so"))
     return key, path
 
 
@@ -261,7 +252,7 @@ def _precompile_header(call: Any, header: str, hashable_cmd_line: str, **compile
     build is the same binary, about twice as slow (GPT-2 on a new machine:
     18.4 s against 10.6 s).
     """
-    binary = STATE.kernel_binary.get() if STATE.loading_compiled.get() else None
+    binary = STATE.loading.get().kernel_binary if STATE.loading.get().compiled else None
     if binary is not None and os.path.exists(binary):
         return None
     return call(header, hashable_cmd_line, **compile_command)
@@ -329,7 +320,7 @@ def flat_inputs(artifact: Any) -> Any:
 
 
 def _ours(backend_id: str | None) -> bool:
-    return backend_id is not None and (STATE.frame.get() is not None or backend_id in STATE.backend_ids)
+    return backend_id is not None and (STATE.compiling.get().frame is not None or backend_id in STATE.backend_ids)
 
 
 @contextlib.contextmanager

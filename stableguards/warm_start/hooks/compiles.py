@@ -21,7 +21,7 @@ from stableguards.hooks.seams import fills
 from stableguards.storage import messages as store_messages
 from stableguards.warm_start import entries, messages, variants
 from stableguards.warm_start.hooks import bundling, graph_params, tracing
-from stableguards.warm_start.state import STATE, Ours
+from stableguards.warm_start.state import STATE, Ours, Pending
 from stableguards.warm_start.traced import Traced
 
 
@@ -46,21 +46,20 @@ def compile_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -
     frame_name = frame_label(frame.f_code)
     traced = Traced()
     before = _contents(package)
-    tokens = [(STATE.frame, STATE.frame.set(frame_name)), (STATE.bundling, STATE.bundling.set(True)),
-              (STATE.traced, STATE.traced.set(traced))]
+    token = STATE.compiling.set(dataclasses.replace(STATE.compiling.get(), frame=frame_name, traced=traced,
+                                                    bundling=True))
     try:
         result = call(self, frame, *args, **kwargs)
     except Exception as error:
         if not _retry_without_package(error):
-            if package not in STATE.pending:
+            if ours.pending is None:
                 entries.LEASES.release(ours.key.digest)  # a graph break, a skipped frame: nothing saved now
             raise
         failure = error
     else:
         failure = None
     finally:
-        for var, token in reversed(tokens):
-            var.reset(token)
+        STATE.compiling.reset(token)
     if failure is not None:
         from torch._dynamo.exc import PackageError
 
@@ -79,7 +78,7 @@ def compile_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -
                     and variants.jsonable([c.args, list(c.kwargs.values())])}
     if _contents(package) != before:
         _save(package, ours, frame_name)
-    if package not in STATE.pending:
+    if ours.pending is None:
         entries.LEASES.release(ours.key.digest)  # saved, or nothing to save: nobody need wait
     return result
 
@@ -113,16 +112,6 @@ def _retry_without_package(error: Exception) -> bool:
     return True
 
 
-@dataclasses.dataclass(eq=False)
-class _Pending:
-    """A package's entry waiting for a graph compiled later (a backward, on first use)."""
-
-    frame: str
-    ours: Ours
-    entry: Any  # the package's entry when it last compiled: its codes are the package's own
-    orphan: Any = None  # weakref.finalize: keeps this record once the package is gone
-
-
 def _save(package: Any, ours: Ours, frame: str) -> None:
     """Save a package's entry, or keep it waiting for a graph compiled later.
 
@@ -132,14 +121,15 @@ def _save(package: Any, ours: Ours, frame: str) -> None:
     and saved when the artifact arrives (``_record_artifact``)."""
     entry = package.cache_entry()
     if _written(entry, ours, frame) is not None:
-        if (record := STATE.pending.pop(package, None)) is not None:
+        if (record := ours.pending) is not None:
+            ours.pending = None
             record.orphan.detach()
         return
-    record = STATE.pending.get(package)
+    record = ours.pending
     if record is None:
         messages.pending(frame)
         entries.LEASES.shorten(ours.key.digest)
-        record = STATE.pending[package] = _Pending(frame, ours, entry)
+        record = ours.pending = Pending(frame, ours, entry)
         record.orphan = weakref.finalize(package, STATE.orphans.append, record)
         record.orphan.atexit = False
     record.entry, record.frame = entry, frame
@@ -196,9 +186,9 @@ def _record_artifact(call: Any, cls: Any, artifact: Any) -> None:
     packages that waited for one.  One compiled with flat inputs is recorded with what
     flattens them (``bundling.flat_inputs``)."""
     call(cls, bundling.flat_inputs(artifact))
-    for package, record in list(STATE.pending.items()):
-        if package.current_entry is None:  # one being compiled is saved when its compile ends
-            _save(package, record.ours, record.frame)
+    for package, ours in list(STATE.ours.items()):
+        if ours.pending is not None and package.current_entry is None:  # one being compiled: when it ends
+            _save(package, ours, ours.pending.frame)
     for record in list(STATE.orphans):  # their packages are gone: their last entries
         if _written(record.entry, record.ours, record.frame) is not None:
             STATE.orphans.remove(record)
@@ -207,10 +197,10 @@ def _record_artifact(call: Any, cls: Any, artifact: Any) -> None:
 def _bypass_package(call: Any, self: Any, reason: str = "", **kwargs: Any) -> None:
     """A compile left out of one of our packages: named in explain() rather than in torch's
     warning, and never an error (``strict_precompile`` is about the user's packages)."""
-    frame = STATE.frame.get()
+    frame = STATE.compiling.get().frame
     if frame is None or self.package is None or self.package not in STATE.ours:
         return call(self, reason, **kwargs)
-    traced = STATE.traced.get()
+    traced = STATE.compiling.get().traced
     if reason == graph_params.STATIC_ADDRESSES and traced is not None and graph_params.rebindable(self):
         return None  # kept: its tensors are bound in another process (graph_params.record)
     messages.left_out(frame, reason)

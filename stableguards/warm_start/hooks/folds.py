@@ -45,7 +45,7 @@ _VARIABLES = "torch._dynamo.variables"
 
 
 def _note(what: str, depends: str | None) -> None:
-    traced = STATE.traced.get()
+    traced = STATE.compiling.get().traced
     if traced is not None and depends is not None:
         traced.per_process.setdefault(depends, what)
 
@@ -75,7 +75,7 @@ def _set_constant(call: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
     """A set or frozenset constant, listed in the order this process iterates it in: noted for
     ``_set_iterated``.  Its order matters only where a set is iterated (``k in {"a", "b"}``
     does not iterate it)."""
-    traced = STATE.traced.get()
+    traced = STATE.compiling.get().traced
     if traced is not None and type(value) in (set, frozenset):
         depends = per_process(value)
         if depends is not None:
@@ -89,7 +89,7 @@ def _set_iterated(call: Any, self: Any, tx: Any, *args: Any, **kwargs: Any) -> A
     order, directly or through set operations (which insert in iteration order): so where
     the trace made such a constant, a set of items whose hashes depend on the process is
     noted as depending on it."""
-    traced = STATE.traced.get()
+    traced = STATE.compiling.get().traced
     if traced is not None and traced.hash_ordered:
         known, value = _constant(self)
         depends = per_process(value) if known else None
@@ -123,7 +123,7 @@ def _id_repr(call: Any, self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
 def _id(call: Any, self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
     """``id(x)`` of an object the frame reaches, folded to its address: a memo key (``memo_key``)."""
     result = call(self, tx, *args, **kwargs)
-    traced = STATE.traced.get()
+    traced = STATE.compiling.get().traced
     source = getattr(args[0], "source", None) if len(args) == 1 else None
     if traced is None or type(result).__name__ != "ConstantVariable" or type(result.value) is not int:
         return result

@@ -56,7 +56,7 @@ def record(backend_id: str) -> None:
     """A graph compiled for a saved entry got its backend: the sources of the tensors its
     compiled code takes in front of its inputs, in that order (None: one has no source, and
     the compile is left out when its guards are saved), and those tensors."""
-    traced = STATE.traced.get()
+    traced = STATE.compiling.get().traced
     if traced is None:
         return
     from torch._dynamo.symbolic_convert import InstructionTranslator

@@ -60,13 +60,13 @@ def _serialize_guards(call: Any, self: Any, builder: Any, sorted_guards: list, o
     package (``bypass_package``), and explain() says why.  Other packages'
     guards are torch's.
     """
-    if STATE.frame.get() is None:
+    if STATE.compiling.get().frame is None:
         return call(self, builder, sorted_guards, output_graph)
     import dataclasses
 
     from torch._dynamo.exc import PackageError
 
-    traced = STATE.traced.get() or Traced()
+    traced = STATE.compiling.get().traced or Traced()
     bound, versioned = _graph_tensors(traced, sorted_guards)
     versioned |= _empty_dicts(builder, sorted_guards)
     # An object whose id the trace used only as a key is bound on the first call, as a graph's tensor is.
@@ -93,11 +93,8 @@ def _serialize_guards(call: Any, self: Any, builder: Any, sorted_guards: list, o
                                   versioned, frozenset(guard.name for guard in sorted_guards if id(guard) in alive))
     except Unprovable as why:
         raise TorchError(PackageError(f"stableguards cannot prove it in another process: {why}")) from None
-    token = STATE.proof.set(proof)
-    try:
+    with STATE.compiling_as(proof=proof):
         saved_state = call(self, builder, saved, output_graph)
-    finally:
-        STATE.proof.reset(token)
     why = _round_trip(proof, saved_state, builder.f_code, output_graph)
     if why is not None:
         raise TorchError(PackageError(f"stableguards: the saved guards do not prove what the live ones do: {why}"))
@@ -108,14 +105,12 @@ def _round_trip(proof: Any, saved_state: bytes, code: Any, output_graph: Any) ->
     """Load the saved guards back, as a restarted process will, and compare (same process)."""
     from torch._dynamo.package import load_guard_manager, load_guards_state
 
-    token = STATE.checking.set(True)
-    try:
-        state = load_guards_state(saved_state)
-        loaded = load_guard_manager(state, code, output_graph.global_scope)
-    except Exception as error:  # noqa: BLE001 - saved so that it cannot load: a restarted process could not either
-        return f"they do not load back ({error!r:.200})"
-    finally:
-        STATE.checking.reset(token)
+    with STATE.loading_as(checking=True):
+        try:
+            state = load_guards_state(saved_state)
+            loaded = load_guard_manager(state, code, output_graph.global_scope)
+        except Exception as error:  # noqa: BLE001 - saved so that it cannot load: a restarted process could not
+            return f"they do not load back ({error!r:.200})"
     return proofs.round_trip(proof, loaded, state, output_graph)
 
 
@@ -123,14 +118,14 @@ def _pickle_guards_state(call: Any, state: Any, builder: Any) -> bytes:
     """The entry's proof goes into the saved guard state (``_serialize_guards``), with the
     thread's dispatch keys the live guards were built under (``_cold_ambient_state``) and the
     optimizer state its trace filled (``optimizer_init``)."""
-    proof = STATE.proof.get()
+    proof = STATE.compiling.get().proof
     if proof is not None:
         import torch
 
         state.stableguards_proof = proof.to_state()
         state.stableguards_dispatch_keys = (torch._C._dispatch_tls_local_include_set().raw_repr(),
                                             torch._C._dispatch_tls_local_exclude_set().raw_repr())
-        traced = STATE.traced.get()
+        traced = STATE.compiling.get().traced
         if traced is not None and traced.state_inits:
             state.stableguards_state_inits = tuple(traced.state_inits)
     return call(state, builder)
@@ -148,25 +143,21 @@ def _load_guard_manager(call: Any, guards_state: Any, target_code: Any, runtime_
     check each call for that (a warm ``torch.compile`` inside a
     ``saved_tensors_hooks`` context would otherwise build "these hooks", by id).
     Only our own entries are touched."""
-    if STATE.installing.get() is None and not STATE.checking.get():
+    if STATE.loading.get().package is None and not STATE.loading.get().checking:
         return call(guards_state, target_code, runtime_global_scope)
     from stableguards.warm_start.proof import Proof
 
     bindings: dict[str, Binding] = {}
-    token = STATE.building.set(bindings)
-    try:
-        with _cold_ambient_state(guards_state.output_graph.current_device,
-                                 getattr(guards_state, "stableguards_dispatch_keys", None)):
-            guard_manager = call(guards_state, target_code, runtime_global_scope)
-    finally:
-        STATE.building.reset(token)
+    with STATE.loading_as(bindings=bindings), _cold_ambient_state(
+            guards_state.output_graph.current_device, getattr(guards_state, "stableguards_dispatch_keys", None)):
+        guard_manager = call(guards_state, target_code, runtime_global_scope)
     proof = Proof.from_state(getattr(guards_state, "stableguards_proof", None))
     # A tensor a graph takes that no id check binds sits in a dict whose version check is
     # bound: it is bound when the proof holds, to the tensor at its source (_serve_loaded).
     unguarded = {source: Binding() for source in (proof.bound_tensors() if proof is not None else ())
                  if source not in bindings}
     guard_manager.stableguards = LoadedProof(proof, guards_state, runtime_global_scope, unguarded)
-    if proof is not None and STATE.installing.get() is not None:
+    if proof is not None and STATE.loading.get().package is not None:
         bindings.update(unguarded)
         for backend_id, sources in proof.graph_params:
             graph_params.serve_bound(runtime_global_scope, backend_id, [bindings[s].get for s in sources])
@@ -274,7 +265,7 @@ def _unrestored(output_graph: Any, alive: Any = ()) -> list[str]:
     (``_record_resume``), so a hook that failed leaves more out, never less.  ``alive``:
     weak references only guards read, whose guards are not saved (``_alive_by_binding``)."""
     entry = output_graph.package.current_entry if output_graph.package is not None else None
-    traced = STATE.traced.get()
+    traced = STATE.compiling.get().traced
     restored = {*(entry.import_sources if entry is not None else ()), *(entry.backend_ids if entry is not None else ()),
                 output_graph.name_of_builtins_dict_key_in_fglobals, *(traced.resumes if traced is not None else ())}
     return sorted(set(output_graph.installed_globals) - restored - set(alive))
@@ -305,7 +296,7 @@ def _replacement(guard: Any, builder: Any, bound: frozenset[str], versioned: fro
 def _reduce_code(call: Any, self: Any, obj: Any) -> Any:
     """The guard pickler saves an entry of ours by warm start's rules (``pickling.reduce``);
     other packages' guards are pickled as torch pickles them."""
-    if STATE.frame.get() is None:
+    if STATE.compiling.get().frame is None:
         return call(self, obj)
     return pickling.reduce(obj, lambda: call(self, obj), self)
 

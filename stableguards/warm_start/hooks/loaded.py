@@ -68,7 +68,7 @@ def _keep_loaded(call: Any, code: Any, guard_manager: Any, dynamo_code: Any) -> 
     is an entry like a traced one, moved to the front when it passes and
     checked only for its own backend.
     """
-    package = STATE.installing.get()
+    package = STATE.loading.get().package
     if package is None:
         return call(code, guard_manager, dynamo_code)
     if not _misses_compile():

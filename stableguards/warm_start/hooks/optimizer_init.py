@@ -89,7 +89,7 @@ def _note_init(call: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     the saved entry (``StateInit``) when a parameter of the group has no state yet (the call
     is what makes it)."""
     py_args, py_kwargs = call(self, *args, **kwargs)
-    traced = STATE.traced.get()
+    traced = STATE.compiling.get().traced
     optimizer, source = self.value, self.source
     if traced is None or source is None:
         return py_args, py_kwargs

@@ -47,7 +47,7 @@ def ID_ON_FIRST_CALL(builder: Any, guard: Any) -> None:  # noqa: N802 - named as
     from torch._dynamo.guards import _safe_type_repr
 
     binding = Binding()
-    if (building := STATE.building.get()) is not None:
+    if (building := STATE.loading.get().bindings) is not None:
         building[guard.name] = binding
     type_repr = _safe_type_repr(type(builder.get(guard)))
     _add_bound_check(builder, guard, binding,

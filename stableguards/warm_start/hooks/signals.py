@@ -21,14 +21,14 @@ def nothing_saved(reason: str) -> None:
     """AOTAutograd saves no entry for the graph being compiled (another part declined it): if
     the graph is ours, its frame's compile is left out of the package, which would
     otherwise wait for that graph's artifact forever, saving none of its later frames."""
-    if STATE.bundling.get():
+    if STATE.compiling.get().bundling:
         leave_out(reason)
 
 
 def leave_out(reason: str) -> None:
     """Leave the graph being compiled out of our package: the frame's compile (torch's
     per-compile bypass), or the function whose backward this is."""
-    backward_of = STATE.backward_of.get()
+    backward_of = STATE.compiling.get().backward_of
     if backward_of is not None:
         STATE.unsaveable[backward_of] = reason
         return
@@ -46,10 +46,10 @@ def runs_untraced(functions: list[tuple[str, Any]]) -> None:
     looks at what they read: the frame's proof checks it (``proofs.live_proof``).  A
     backward compiled on first use, whose frame's proof is written already, is left out.
     Only for a graph of ours (bundled)."""
-    if not STATE.bundling.get():
+    if not STATE.compiling.get().bundling:
         return
-    traced = STATE.traced.get()
-    if traced is None or STATE.backward_of.get() is not None:
+    traced = STATE.compiling.get().traced
+    if traced is None or STATE.compiling.get().backward_of is not None:
         leave_out(f"it runs {', '.join(sorted({label for label, _ in functions}))} without Dynamo guarding what "
                   f"they read; the AOTAutograd cache key holds it instead")
         return

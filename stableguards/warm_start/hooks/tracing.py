@@ -1,7 +1,7 @@
 """What tracing a frame for a saved entry reads beyond its guards, recorded as it happens.
 
 Each hook here runs only while a frame is traced for one of our packages
-(``STATE.traced`` is set by ``compile_frame``) and adds to that compile's
+(``STATE.compiling`` is set by ``compile_frame``) and adds to that compile's
 ``traced.Traced``: resume functions torch installs, ``assume_constant_result``
 calls and calls Dynamo folds about this process, custom operators a graph calls,
 checkpointing ``context_fn`` sources, inlined functions with the globals they
@@ -25,7 +25,7 @@ from stableguards.warm_start.traced import ConstantCall
 def _record_resume(call: Any, self: Any, name: str, *args: Any, **kwargs: Any) -> None:
     """A resume function installed for a compile of ours: the package records and restores it."""
     call(self, name, *args, **kwargs)
-    traced = STATE.traced.get()
+    traced = STATE.compiling.get().traced
     if traced is not None:
         traced.resumes.add(name)
 
@@ -34,7 +34,7 @@ def _module_by_alias(call: Any, self: Any, prefix: str, value: Any) -> str:
     """A module a compile of ours loads by a global named after its id in this process (to
     build an ``OrderedDict`` again after the graph, ``torch`` for ``type(t)``): through
     torch's import alias instead, which the package saves and a restarted process installs."""
-    if STATE.traced.get() is None or self.package is None or not isinstance(value, types.ModuleType) \
+    if STATE.compiling.get().traced is None or self.package is None or not isinstance(value, types.ModuleType) \
             or sys.modules.get(value.__name__) is not value:
         return call(self, prefix, value)
     return self.root_tx.import_source(value.__name__).global_name
@@ -51,7 +51,7 @@ def _globals_through_function(call: Any, self: Any, name: str) -> Any:
     from torch._dynamo.source import AttrSource, DictGetItemSource
 
     source = getattr(getattr(self, "funcvar", None), "source", None)
-    if STATE.traced.get() is None or source is None \
+    if STATE.compiling.get().traced is None or source is None \
             or symbolic_convert._registered_module_for_globals(self.f_globals.get("__name__"), self.f_globals):
         return call(self, name)
     globals_source = AttrSource(source, "__globals__")
@@ -62,7 +62,7 @@ def _globals_through_function(call: Any, self: Any, name: str) -> Any:
 def _record_constant(call: Any, tx: Any, fn: Any, name: str, args: Any, kwargs: Any) -> Any:
     """An ``assume_constant_result`` function called while tracing for a saved entry: its
     result is a fact of the entry (``warm_start.facts.CONSTANT_RESULT``)."""
-    traced = STATE.traced.get()
+    traced = STATE.compiling.get().traced
     if traced is None:
         return call(tx, fn, name, args, kwargs)
 
@@ -80,7 +80,7 @@ def _record_folded(call: Any, self: Any, tx: Any, args: Any, kwargs: Any) -> Any
     there): a fact of the entry (``CONSTANT_RESULT``), called again in the process that
     loads it.  Rank 1 is never served what was traced on rank 0.  A call whose arguments
     are not plain values (a ``ProcessGroup`` object) leaves the entry out."""
-    traced = STATE.traced.get()
+    traced = STATE.compiling.get().traced
     result = call(self, tx, args, kwargs)
     if traced is not None and operators.is_custom(self.value):
         traced.operators[str(self.value)] = self.value  # what it computes is a fact (proofs)
@@ -94,7 +94,7 @@ def _record_context_fn(call: Any, self: Any, tx: Any, args: Any, kwargs: Any) ->
     """Where a checkpointing ``context_fn`` came from (its source), for a saved entry: Dynamo
     passes it to the graph untraced and unguarded, and the entry's proof checks what the
     function found there reads (``proofs.live_proof``)."""
-    traced = STATE.traced.get()
+    traced = STATE.compiling.get().traced
     source = getattr(kwargs.get("context_fn"), "source", None)
     if traced is not None and source is not None:
         traced.untraced_sources.append(source)
@@ -145,7 +145,7 @@ def folds_process_state(fn: Any) -> bool:
 def _record_inlined(call: Any, self: Any, *args: Any, **kwargs: Any) -> None:
     """A function inlined while tracing for a saved entry, with the globals it reads (the
     builtins it reads must not be shadowed there in a restarted process)."""
-    traced = STATE.traced.get()
+    traced = STATE.compiling.get().traced
     if traced is not None:
         bound = _signature(call.fn).bind(self, *args, **kwargs).arguments
         traced.inline(bound["code"], bound["funcvar"].get_globals(), bound["symbolic_locals"])

@@ -31,7 +31,12 @@ def run_child(args: list, env: dict[str, str], **kwargs) -> dict:
     the last line it printed, as JSON.  ``kwargs`` go to ``subprocess.run`` (cwd, timeout)."""
     proc = subprocess.run([sys.executable, *map(str, args)], env=env, capture_output=True, text=True, **kwargs)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return last_json(proc.stdout)
+
+
+def last_json(stdout: str) -> dict:
+    """What a child reports: the last line it printed, as JSON (torch may print before it)."""
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def warm_start_available() -> bool:

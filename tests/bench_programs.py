@@ -12,6 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _children import last_json
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 # The demo's workloads (bench/workloads.py), named here so tests can be parametrized.
 WORKLOADS = ("closure", "dict_collide", "list_overmarked", "seed")
@@ -56,7 +58,7 @@ def restart_child(workload: str, backend: str, cache_dir: str | Path, env: dict[
     full.update(TORCHINDUCTOR_CACHE_DIR=str(cache_dir), PYTHONHASHSEED="random")
     full.update(env)
     proc = _run([sys.executable, str(BENCH / "_restart_child.py"), workload, backend], full)
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = last_json(proc.stdout)
     result["stderr"] = proc.stderr
     return result
 

@@ -18,7 +18,6 @@ batches (CI: 1, the same cases each run; with more, each from a random seed, pri
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import random
 import socket
@@ -27,7 +26,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _children import requires_warm_start
+from _children import last_json, requires_warm_start
 import torch
 from _drawing import draw
 from hypothesis import strategies as st
@@ -97,7 +96,7 @@ def _ranks(root: Path, run: str, names: list[str]) -> list[dict]:
     for proc in procs:
         out, err = proc.communicate(timeout=900)
         assert proc.returncode == 0, err[-4000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
+        results.append(last_json(out))
     return results
 
 

@@ -4,7 +4,6 @@ unreachable Redis, a lease holder that died).  Fresh processes, torch 2.15."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -18,6 +17,7 @@ import torch
 
 from stableguards.storage import open_store
 from stableguards.storage.engines import RedisEngine
+from _children import last_json
 
 pytestmark = pytest.mark.skipif(not hasattr(torch._dynamo.package.CompilePackage, "bypass_current_compile"),
                                 reason="warm start needs torch 2.15")
@@ -42,7 +42,7 @@ def _start(local: Path, store: str, key: str | None = None, **extra: str) -> sub
 def _result(proc: subprocess.Popen) -> dict:
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
-    result = json.loads(out.strip().splitlines()[-1])
+    result = last_json(out)
     result["stderr"] = err
     assert result["ok"], result
     return result

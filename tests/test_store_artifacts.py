@@ -6,7 +6,6 @@ caches are asked)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -14,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _children import last_json
 
 CHILD = Path(__file__).with_name("_store_child.py")
 KEY = "the-fleet's-key"
@@ -28,7 +28,7 @@ def _run(local: Path, store: Path, *, flag: bool = True, key: str | None = KEY, 
         env["STABLEGUARDS_STORE_KEY"] = key
     proc = subprocess.run([sys.executable, str(CHILD)], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = last_json(proc.stdout)
     result["stderr"] = proc.stderr
     assert result["ok"], result  # gradients equal eager's, whatever was found
     return result

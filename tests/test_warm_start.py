@@ -29,7 +29,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from _children import child_env, requires_warm_start, run_child
+from _children import child_env, last_json, requires_warm_start, run_child
 
 from stableguards.codes import code_digest
 from stableguards.components import Components, stable_repr
@@ -808,7 +808,7 @@ def _chunked(cache: Path, stance: str = "default", job_id: str | None = None, ne
     env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), **({"TORCH_COMPILE_JOB_ID": job_id} if job_id else {}))
     proc = subprocess.run([sys.executable, "-c", CHUNKED, stance, str(new_shape)], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return last_json(proc.stdout)
 
 
 @requires_warm_start

@@ -104,23 +104,13 @@ class WarmStart:
         self.loading: contextvars.ContextVar[Loading] = contextvars.ContextVar("stableguards_warm_loading",
                                                                               default=Loading())
 
-    @contextlib.contextmanager
-    def compiling_as(self, **changes: Any) -> Iterator[Compiling]:
+    def compiling_as(self, **changes: Any) -> contextlib.AbstractContextManager[Compiling]:
         """A compile nested in this thread's: the current one with ``changes``, while in the block."""
-        token = self.compiling.set(dataclasses.replace(self.compiling.get(), **changes))
-        try:
-            yield self.compiling.get()
-        finally:
-            self.compiling.reset(token)
+        return _nested(self.compiling, changes)
 
-    @contextlib.contextmanager
-    def loading_as(self, **changes: Any) -> Iterator[Loading]:
+    def loading_as(self, **changes: Any) -> contextlib.AbstractContextManager[Loading]:
         """A load nested in this thread's: the current one with ``changes``, while in the block."""
-        token = self.loading.set(dataclasses.replace(self.loading.get(), **changes))
-        try:
-            yield self.loading.get()
-        finally:
-            self.loading.reset(token)
+        return _nested(self.loading, changes)
 
     def drop_loaded(self, package: Any = None) -> None:
         """Forget the loaded entries of ``package`` (of every package if None)."""
@@ -145,6 +135,15 @@ class WarmStart:
         self.saved_here.clear()
         self.contexts.clear()
         self.installed.clear()
+
+
+@contextlib.contextmanager
+def _nested(var: contextvars.ContextVar[Any], changes: dict[str, Any]) -> Iterator[Any]:
+    token = var.set(dataclasses.replace(var.get(), **changes))
+    try:
+        yield var.get()
+    finally:
+        var.reset(token)
 
 
 class Binding:

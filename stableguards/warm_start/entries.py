@@ -108,8 +108,10 @@ def publish(key: Components, code: types.CodeType, data: bytes, calls: bytes | N
         name = f"{name}.{variants.variant(calls)}"
         found.publish(CALLS, key.digest, calls)
     found.publish(NAMESPACE, name, data)
-    write_index(cache_subdir("warm_start"), key, code)
-    with contextlib.suppress(Exception):  # the index only explains misses: never fail a save for it
+    # The index only explains misses: a save never fails for it.
+    with contextlib.suppress(Exception):
+        write_index(cache_subdir("warm_start"), key, code)
+    with contextlib.suppress(Exception):
         found.publish(INDEX, function_name(key, code), json.dumps(key.as_json()).encode())
 
 

@@ -38,7 +38,7 @@ def _explain_fx_key(key: str, debug_lines: list[str]) -> None:
         _explain(record, KeyLedger(cache_subdir("fxkeys")), local_miss)
         return
     try:
-        _explain(record, SharedKeyLedger(configured(None).engine), local_miss and not holds_fx_graph(key))
+        _explain(record, SharedKeyLedger(configured(None).unsigned()), local_miss and not holds_fx_graph(key))
     except Unavailable:
         pass  # an unreachable store is warned about where artifacts are read; this only explains
 

@@ -76,6 +76,12 @@ class ContentStore:
     def describe(self) -> str:
         return self.engine.describe() + (" (signed)" if self.key else "")
 
+    def unsigned(self) -> Engine:
+        """Where this store keeps plain data that nothing runs or trusts (the key ledger: it
+        only explains a miss), read and written unsigned, by names apart from the signed
+        entries' (``refs/``, ``blobs/``, ``leases/``).  Never for anything that is loaded."""
+        return self.engine
+
     def _mac(self, namespace: str, name: str, digest: str, size: int) -> str | None:
         if self.key is None:
             return None

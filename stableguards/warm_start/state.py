@@ -66,8 +66,8 @@ class Loading:
     checking: bool = False  # saved guards being loaded back to be checked (hooks.guards._round_trip)
     # Source -> the checks bound on first call made while a saved entry's guards are built.
     bindings: dict[str, Binding] | None = None
-    compiled: bool = False  # inductor loading a graph for one of our entries (bundling._load_compiled_graph)
-    kernel_binary: str | None = None  # the binary of the C++ kernel it is loading (bundling._kernel_source)
+    compiled: bool = False  # inductor loading a graph for one of our entries (kernels._load_compiled_graph)
+    kernel_binary: str | None = None  # the binary of the C++ kernel it is loading (kernels._kernel_source)
 
 
 class WarmStart:

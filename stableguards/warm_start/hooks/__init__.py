@@ -54,7 +54,7 @@ from stableguards.identity.names import module_of_globals
 from stableguards.storage import messages as store_messages
 from stableguards.storage.artifacts import cpu_isa
 from stableguards.warm_start import entries, messages
-from stableguards.warm_start.hooks import bundling, compiles, folds, guards, loaded, optimizer_init, tracing
+from stableguards.warm_start.hooks import bundling, compiles, folds, guards, kernels, loaded, optimizer_init, tracing
 from stableguards.warm_start.key import entry_key
 from stableguards.warm_start.state import STATE, Ours
 
@@ -389,4 +389,4 @@ HOOKS = [
     Hook(_PACKAGE, "_get_code_source", "warm_start", _code_source),
 ]
 HOOKS += compiles.HOOKS + loaded.HOOKS + bundling.HOOKS + guards.HOOKS + tracing.HOOKS + folds.HOOKS
-HOOKS += optimizer_init.HOOKS
+HOOKS += optimizer_init.HOOKS + kernels.HOOKS

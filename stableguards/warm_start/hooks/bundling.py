@@ -1,12 +1,12 @@
 """AOTAutograd entries of ours: bundled (a package saves its graphs from them), keyed as without a
-package, counted as the FX-graph hits they stand for, and loaded without C++ build work."""
+package, and counted as the FX-graph hits they stand for (their kernels load without C++ build
+work: ``kernels``)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import functools
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -219,45 +219,6 @@ def _count_bundled_hit(call: Any, self: Any, example_inputs: Any) -> Any:
     return result
 
 
-def _load_compiled_graph(call: Any, self: Any, constants: Any) -> Any:
-    """Load a cached inductor graph for one of our entries without preparing to compile the
-    C++ kernels that are built already (see _precompile_header)."""
-    if STATE.loading.get().package is None:
-        return call(self, constants)
-    with STATE.loading_as(compiled=True):
-        return call(self, constants)
-
-
-def _kernel_source(call: Any, content: Any, extension: str, *args: Any, **kwargs: Any) -> tuple[str, str]:
-    """A C++ kernel's source written for a cached graph of ours: where its binary is (see
-    _precompile_header)."""
-    key, path = call(content, extension, *args, **kwargs)
-    if extension == "main.cpp" and STATE.loading.get().compiled:
-        # Kept for this load only: the load's scope (loading_as) ends with the graph's.
-        STATE.loading.set(dataclasses.replace(STATE.loading.get(), kernel_binary=os.path.splitext(path)[0] + ".so"))
-    return key, path
-
-
-def _precompile_header(call: Any, header: str, hashable_cmd_line: str, **compile_command: Any) -> str | None:
-    """No precompiled header for a kernel of a cached graph of ours that is built already.
-
-    Loading a cached CPU graph imports its module, whose C++ kernels are
-    usually built in the cache dir already; inductor still runs the
-    preprocessor over its kernel header and hashes the output first (0.2 s a
-    process here), to name a precompiled header that only a compile would
-    use.  A kernel's binary path does not depend on it (inductor computes it
-    from the source it has just written, ``_kernel_source``), so a kernel
-    whose binary is there goes without one.  A kernel that is not (a new
-    machine, whose entries came from a shared store) keeps it: without it the
-    build is the same binary, about twice as slow (GPT-2 on a new machine:
-    18.4 s against 10.6 s).
-    """
-    binary = STATE.loading.get().kernel_binary if STATE.loading.get().compiled else None
-    if binary is not None and os.path.exists(binary):
-        return None
-    return call(header, hashable_cmd_line, **compile_command)
-
-
 def _add_backend_id(call: Any, self: Any, backend_id: str, *args: Any, **kwargs: Any) -> None:
     """A graph compiled for one of our packages: its backend id marks it ours wherever it
     compiles more (a backward on first use, a specialization at call time)."""
@@ -382,9 +343,4 @@ HOOKS = [
     Hook(_AUTOGRAD_CACHE, "sanitize_gm_for_cache", "warm_start", _sanitized_for_key, params=("gm",), lazy=True),
     Hook(_PACKAGE, "CompilePackage.add_backend_id", "warm_start", _add_backend_id, params=("backend_id",)),
     Hook("torch._dynamo.utils", "GmWrapper.__init__", "warm_start", _flattened, params=("gm", "unflatten_fn")),
-    Hook("torch._inductor.output_code", "CompiledFxGraph.after_deserialization", "warm_start",
-         _load_compiled_graph, params=("constants",), lazy=True),
-    Hook("torch._inductor.codecache", "write", "warm_start", _kernel_source, lazy=True),
-    Hook("torch._inductor.codecache", "_precompile_header", "warm_start", _precompile_header,
-         params=("header", "hashable_cmd_line"), lazy=True),
 ]

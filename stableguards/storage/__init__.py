@@ -30,7 +30,7 @@ def is_redis(location: str) -> bool:
     return location.startswith(("redis://", "rediss://", "unix://"))
 
 
-def open_store(default_dir: Path, location: str | None = None, key: str | None = None) -> ContentStore:
+def open_store(default_dir: Path | None, location: str | None = None, key: str | None = None) -> ContentStore:
     """The store the environment names (``location`` and ``key`` stand in for it), or the
     directory ``default_dir``.  Raises ImportError for Redis without its client."""
     location = os.environ.get(STORE_ENV) if location is None else location

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import types
 from collections.abc import Callable
 
@@ -29,7 +28,7 @@ from stableguards.hooks.core import cache_subdir
 from stableguards.storage import ContentStore, configured
 from stableguards.storage.content import lease_seconds
 from stableguards.warm_start import variants
-from stableguards.warm_start.index import changed_components, function_name, write_index
+from stableguards.warm_start.index import changed_components, differences, function_name, record, saved_key, write_index
 
 NAMESPACE = "warm_start"
 CALLS = "warm_start_calls"  # the calls an entry's variants are chosen by (warm_start.variants)
@@ -112,7 +111,7 @@ def publish(key: Components, code: types.CodeType, data: bytes, calls: bytes | N
     with contextlib.suppress(Exception):
         write_index(cache_subdir("warm_start"), key, code)
     with contextlib.suppress(Exception):
-        found.publish(INDEX, function_name(key, code), json.dumps(key.as_json()).encode())
+        found.publish(INDEX, function_name(key, code), record(key))
 
 
 def changed(key: Components, code: types.CodeType) -> list[str] | None:
@@ -120,12 +119,12 @@ def changed(key: Components, code: types.CodeType) -> list[str] | None:
     else this machine's); None when nothing was saved for it or the keys are equal."""
     try:
         raw = store().fetch(INDEX, function_name(key, code))
-        saved = Components.from_json(json.loads(raw)) if raw is not None else None
+        saved = saved_key(raw) if raw is not None else None
     except Exception:  # noqa: BLE001 - unreachable, unsigned or corrupt: this machine's index
         saved = None
     if saved is None:
         return changed_components(cache_subdir("warm_start"), key, code)
-    return key.differences(saved) if saved.digest != key.digest else None
+    return differences(key, saved)
 
 
 LEASES = Leases()

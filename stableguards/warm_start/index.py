@@ -30,17 +30,35 @@ def index_path(directory: Path, key: Components, code: types.CodeType) -> Path:
     return directory / f"{function_name(key, code)}.json"
 
 
+def record(key: Components) -> bytes:
+    """What the index holds for a function: its last saved key's components."""
+    return json.dumps(key.as_json()).encode()
+
+
 def write_index(directory: Path, key: Components, code: types.CodeType) -> None:
     path = index_path(directory, key, code)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps(key.as_json()).encode())
+    atomic_write(path, record(key))
+
+
+def saved_key(raw: bytes) -> Components | None:
+    """The key a record holds; None for one that does not parse."""
+    try:
+        return Components.from_json(json.loads(raw))
+    except ValueError:
+        return None
+
+
+def differences(key: Components, saved: Components | None) -> list[str] | None:
+    """How ``key`` differs from ``saved``; None when nothing was saved or the keys are equal."""
+    return key.differences(saved) if saved is not None and saved.digest != key.digest else None
 
 
 def changed_components(directory: Path, key: Components, code: types.CodeType) -> list[str] | None:
-    """How ``key`` differs from the last key saved for the same function; None when nothing
-    was saved for it (a cold start: nothing to explain) or the keys are equal."""
+    """How ``key`` differs from the last key saved for the same function on this machine; None
+    when nothing was saved for it (a cold start: nothing to explain) or the keys are equal."""
     try:
-        saved = Components.from_json(json.loads(index_path(directory, key, code).read_text()))
-    except (OSError, ValueError):
+        raw = index_path(directory, key, code).read_bytes()
+    except OSError:
         return None
-    return key.differences(saved) if saved.digest != key.digest else None
+    return differences(key, saved_key(raw))

@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable
 
 from stableguards.profiles.profile import DYNAMIC, CodeKey, Profile, SourceEntry, specialized, static
-from stableguards.profiles.store import LocalStore, decode, encode
+from stableguards.profiles.store import EngineStore, decode, encode
+from stableguards.storage.engines import DirectoryEngine
 
 ROUNDS = 21
 
@@ -64,20 +65,21 @@ def main() -> None:
         ("upstream pickle.loads", median_ms(lambda: pickle.loads(pickled))),
     ]
     with tempfile.TemporaryDirectory() as d:
-        store = LocalStore(d)
+        store = EngineStore(DirectoryEngine(d))
         store.merge_write("job", profile)
         rows += [
             ("local read", median_ms(lambda: store.read("job"))),
-            ("local merge_write (lock, read, join, write)", median_ms(lambda: store.merge_write("job", profile))),
+            ("local merge_write (read, join, swap under lock)", median_ms(lambda: store.merge_write("job", profile))),
         ]
     if args.redis:
-        from stableguards.profiles.store import RedisStore
+        from stableguards.storage import redis_engine
 
-        redis_store = RedisStore(args.redis)
+        redis_store = EngineStore(redis_engine(args.redis))
         redis_store.merge_write("bench", profile)
         rows += [
             ("redis read", median_ms(lambda: redis_store.read("bench"))),
-            ("redis merge_write (WATCH, join, MULTI)", median_ms(lambda: redis_store.merge_write("bench", profile))),
+            ("redis merge_write (read, join, swap script)",
+             median_ms(lambda: redis_store.merge_write("bench", profile))),
         ]
         redis_store.clear("bench")
     print(f"profile: {len(profile)} sources in {len(profile.frames)} frames, "

@@ -3,9 +3,9 @@
 ``python -m stableguards hooks`` and ``parts``: the tables of the torch seams stableguards
 hooks and of its parts.
 
-A profile is named by its key (as stored by this process's store: the local
-directory under the inductor cache dir, or Redis when STABLEGUARDS_PGO_REDIS_URL
-or --redis is given) or by the path of a profile file.
+A profile is named by its key (as stored by the store compiles use: ``pgo/`` in
+STABLEGUARDS_STORE or in the store under the inductor cache dir, or Redis when
+STABLEGUARDS_PGO_REDIS_URL or --redis is given) or by the path of a profile file.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from pathlib import Path
 
 from stableguards.profiles.profile import Profile, State
 from stableguards.registry import parts_table
-from stableguards.profiles.store import LocalStore, ProfileStore, RedisStore
+from stableguards.profiles.store import EngineStore, ProfileStore
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stableguards")
     parser.add_argument("--redis", metavar="URL", help="Redis store (default: "
-                        "$STABLEGUARDS_PGO_REDIS_URL, else the local directory)")
-    parser.add_argument("--dir", metavar="DIR", help="local profile directory (default: "
-                        "<inductor cache dir>/stableguards/pgo)")
+                        "$STABLEGUARDS_PGO_REDIS_URL, else the configured store)")
+    parser.add_argument("--dir", metavar="DIR", help="a directory of profile files (default: "
+                        "<inductor cache dir>/stableguards/store/pgo)")
     commands = parser.add_subparsers(dest="area", required=True)
     pgo = commands.add_parser("pgo", help="PGO profiles").add_subparsers(dest="command", required=True)
     show = pgo.add_parser("show", help="print a profile as a table (or list the stored keys)")
@@ -77,10 +77,13 @@ def _audit(cache_dir: str | None) -> int:
 
 
 def _store(args: argparse.Namespace) -> ProfileStore:
+    from stableguards.storage import redis_engine
+    from stableguards.storage.engines import DirectoryEngine
+
     if args.redis:
-        return RedisStore(args.redis)
+        return EngineStore(redis_engine(args.redis))
     if args.dir:
-        return LocalStore(args.dir)
+        return EngineStore(DirectoryEngine(args.dir), prefix="")
     from stableguards.profiles.hooks import profile_store  # the store compiles use
 
     store = profile_store()
@@ -95,7 +98,9 @@ def _resolve(store: ProfileStore, name: str) -> tuple[ProfileStore, str]:
     """A file path names a profile in its own directory; anything else is a key."""
     path = Path(name)
     if path.suffix == ".json" and path.is_file():
-        return LocalStore(path.parent), path.stem
+        from stableguards.storage.engines import DirectoryEngine
+
+        return EngineStore(DirectoryEngine(path.parent), prefix=""), path.stem
     return store, name
 
 

@@ -8,13 +8,14 @@ from pathlib import Path
 
 from stableguards.cli import main
 from stableguards.profiles.profile import DYNAMIC, CodeKey, Profile, SourceEntry, specialized, static
-from stableguards.profiles.store import LocalStore
+from stableguards.profiles.store import EngineStore
+from stableguards.storage.engines import DirectoryEngine
 
 CODE = CodeKey("0badc0de", 12, "train_step", None, "train.py")
 
 
-def store_with(tmp_path, key, **entries) -> LocalStore:
-    store = LocalStore(tmp_path)
+def store_with(tmp_path, key, **entries) -> EngineStore:
+    store = EngineStore(DirectoryEngine(tmp_path), prefix="")
     store.merge_write(key, Profile({CODE: entries}))
     return store
 
@@ -35,7 +36,7 @@ def test_show_lists_and_prints_a_table(tmp_path, capsys):
 
 def test_show_accepts_a_file_path(tmp_path, capsys):
     store = store_with(tmp_path, "job", **{"L['x']": SourceEntry(DYNAMIC, (DYNAMIC,), (static(1),))})
-    assert main(["pgo", "show", str(store.path("job"))]) == 0
+    assert main(["pgo", "show", str(tmp_path / store.name("job"))]) == 0
     assert "L['x']" in capsys.readouterr().out
 
 

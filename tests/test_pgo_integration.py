@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from bench_programs import restart_child
 
-from stableguards.profiles.store import LocalStore
+from stableguards.profiles.store import EngineStore
+from stableguards.storage.engines import DirectoryEngine
 
 
 def run(workload: str, cache_dir: Path, **env: str) -> dict:
@@ -17,7 +18,7 @@ def run(workload: str, cache_dir: Path, **env: str) -> dict:
 
 
 def profiles(cache_dir: Path) -> list[Path]:
-    return sorted(p for p in (cache_dir / "stableguards" / "pgo").glob("*.json") if ".bad-" not in p.name)
+    return sorted(p for p in (cache_dir / "stableguards" / "store" / "pgo").glob("*.json") if ".bad-" not in p.name)
 
 
 WORKLOADS = ("seed", "dict_collide", "list_overmarked", "closure")
@@ -66,7 +67,7 @@ def test_a_closure_finds_its_profile_after_a_restart(restarts):
     assert len(cold["closure"]["graphs"]) == 2  # static, then dynamic
     assert warm["closure"]["graphs"] == cold["closure"]["graphs"][1:]  # straight to the dynamic graph
     [path] = profiles(cache)
-    frames = LocalStore(path.parent).read(path.stem).frames
+    frames = EngineStore(DirectoryEngine(path.parent), prefix="").read(path.stem).frames
     assert [code.closure is not None for code in frames if code.name == "closure_fn"] == [True]
 
 
@@ -108,13 +109,13 @@ def test_profile_of_code_that_changed_is_ignored_with_a_warning(tmp_path):
     warm = run("seed", tmp_path)
     assert "source file changed or is gone" in warm["stderr"]
     assert len(warm["graphs"]) == 3 and warm["matches_eager"]
-    stored = LocalStore(path.parent).read(path.stem)
+    stored = EngineStore(DirectoryEngine(path.parent), prefix="").read(path.stem)
     assert len(stored.frames) == 2  # the stale frame is kept alongside the new one
 
 
 def test_unreachable_redis_compiles_without_a_profile(tmp_path):
     result = run("seed", tmp_path, STABLEGUARDS_PGO_REDIS_URL="redis://127.0.0.1:1/0")
-    assert result["stderr"].count("unreachable") == 1
+    assert result["stderr"].count("profile store redis://127.0.0.1:1/0 cannot be used") == 1
     assert result["matches_eager"] and len(result["graphs"]) == 3
 
 

@@ -124,6 +124,20 @@ def test_a_writer_killed_mid_publish_leaves_a_whole_entry(location, processes):
     assert store.fetch("ns", "victim") is not None  # whole: it verified
 
 
+def test_a_swap_happens_only_over_the_bytes_it_expects(location):
+    engine = open_store(None, location, key="").engine
+    assert not engine.swap("pgo/a.json", b"old", b"new")  # nothing there, something expected
+    assert engine.swap("pgo/a.json", None, b"one") and engine.get("pgo/a.json") == b"one"
+    assert not engine.swap("pgo/a.json", None, b"two")  # something there, nothing expected
+    assert not engine.swap("pgo/a.json", b"on", b"two") and engine.get("pgo/a.json") == b"one"
+    assert engine.swap("pgo/a.json", b"one", b"two") and engine.get("pgo/a.json") == b"two"
+    engine.put("pgo/deeper/b.json", b"x")
+    engine.put("pgo*/c.json", b"x")  # a glob character in a name matches only itself
+    assert engine.names("pgo/") == ["pgo/a.json"]
+    assert engine.swap("pgo/a.json", b"two", None) and engine.get("pgo/a.json") is None
+    assert engine.names("pgo/") == []
+
+
 def test_a_lease_is_held_by_one_expires_and_is_given_back_only_by_its_owner(location):
     store = open_store(None, location, key="")
     engine = store.engine

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 from stableguards.events import EVENTS
@@ -21,8 +20,8 @@ from stableguards.profiles.profile import DYNAMIC, UNSET, CodeKey, Dim, Dims, Pr
 from stableguards.profiles.profile import ProfileError, State, specialized, static
 from stableguards.profiles.session import handed_on
 from stableguards.profiles.state import STATE
-from stableguards.storage import STORE_ENV, is_redis
-from stableguards.profiles.store import LocalStore, NewerProfile, ProfileStore, RedisStore, TieredStore, decode, encode
+from stableguards.profiles.store import EngineStore, NewerProfile, ProfileStore, TieredStore, decode, encode
+from stableguards.storage import STORE_ENV, configured, redis_engine
 
 REDIS_ENV_VAR = "STABLEGUARDS_PGO_REDIS_URL"
 
@@ -99,11 +98,11 @@ def profile_key(job_id: str | None = None) -> str | None:
 def profile_store() -> ProfileStore | None:
     """Where profiles live, following torch's settings; None when there is nowhere.
 
-    * Local: a directory in the inductor cache dir, when
-      ``torch._dynamo.config.automatic_dynamic_local_pgo`` is on (torch's default),
-      or Redis when STABLEGUARDS_PGO_REDIS_URL is set (the user's explicit choice); with
-      ``STABLEGUARDS_STORE`` set, the store it names (its ``pgo`` directory, or its Redis)
-      stands for the local directory, under the same switch.
+    * Local: ``pgo/`` in the configured store (``STABLEGUARDS_STORE``, else
+      ``<inductor cache dir>/stableguards/store``), on its engine and its one Redis
+      client, when ``torch._dynamo.config.automatic_dynamic_local_pgo`` is on
+      (torch's default); or Redis when STABLEGUARDS_PGO_REDIS_URL is set (the
+      user's explicit choice).
     * Remote: torch's own remote PGO cache, when
       ``automatic_dynamic_remote_pgo`` turns it on, holding JSON (never a pickle).
 
@@ -114,19 +113,15 @@ def profile_store() -> ProfileStore | None:
     import torch._dynamo.pgo as pgo
 
     tiers: list[ProfileStore] = []
-    shared = os.environ.get(STORE_ENV)
-    local = dynamo_config.automatic_dynamic_local_pgo
-    url = os.environ.get(REDIS_ENV_VAR) or (shared if shared and is_redis(shared) and local else None)
-    if url:
+    url = os.environ.get(REDIS_ENV_VAR)
+    if url or dynamo_config.automatic_dynamic_local_pgo:
         try:
-            tiers.append(RedisStore(url))
+            # The store stands where torch's local profiles would: it follows their switch.
+            tiers.append(EngineStore(redis_engine(url) if url else configured(cache_subdir("store")).unsigned()))
         except ImportError:
-            EVENTS.warn_once("redis", f"{REDIS_ENV_VAR if os.environ.get(REDIS_ENV_VAR) else STORE_ENV} names "
-                                     "Redis but the redis package is not installed (pip install "
-                                     "'stableguards[redis]'); compiling without it")
-    elif local:
-        # The shared store stands where torch's local profiles would: it follows their switch.
-        tiers.append(LocalStore(Path(shared) / "pgo" if shared else cache_subdir("pgo")))
+            EVENTS.warn_once("redis", f"{REDIS_ENV_VAR if url else STORE_ENV} names Redis but the redis "
+                                      "package is not installed (pip install 'stableguards[redis]'); "
+                                      "compiling without it")
     if pgo.should_use_remote_dynamo_pgo_cache() and (remote := pgo.get_remote_cache()) is not None:
         tiers.append(TorchRemoteStore(remote))
     if not tiers:

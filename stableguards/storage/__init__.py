@@ -23,7 +23,8 @@ from stableguards.storage.engines import DirectoryEngine, Engine, RedisEngine, U
 STORE_ENV = "STABLEGUARDS_STORE"
 KEY_ENV = "STABLEGUARDS_STORE_KEY"
 
-__all__ = ["STORE_ENV", "KEY_ENV", "ContentStore", "Unusable", "Unavailable", "configured", "is_redis", "open_store"]
+__all__ = ["STORE_ENV", "KEY_ENV", "ContentStore", "Unusable", "Unavailable", "configured", "is_redis", "open_store",
+           "redis_engine"]
 
 
 def is_redis(location: str) -> bool:
@@ -35,12 +36,13 @@ def open_store(default_dir: Path | None, location: str | None = None, key: str |
     directory ``default_dir``.  Raises ImportError for Redis without its client."""
     location = os.environ.get(STORE_ENV) if location is None else location
     key = os.environ.get(KEY_ENV) if key is None else key
-    engine: Engine = _redis(location) if location and is_redis(location) else DirectoryEngine(location or default_dir)
+    engine: Engine = (redis_engine(location) if location and is_redis(location)
+                      else DirectoryEngine(location or default_dir))
     return ContentStore(engine, key.encode() if key else None)
 
 
 @functools.lru_cache(maxsize=8)  # one client (and its connection pool) per URL per process
-def _redis(url: str) -> RedisEngine:
+def redis_engine(url: str) -> RedisEngine:
     return RedisEngine(url)
 
 

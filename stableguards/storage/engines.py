@@ -5,6 +5,9 @@ An engine knows names and bytes, nothing of what they mean (``storage.content`` 
 * ``get(name)`` the bytes stored under ``name``, or None;
 * ``put(name, data)`` replaces them atomically: a reader sees the old bytes or
   the new, never part of either;
+* ``swap(name, expected, new)`` the same, only if the bytes are still ``expected``
+  (compare-and-swap; None is "no bytes"), so read-merge-write never loses another
+  writer's merge; ``names(prefix)`` lists what is stored under a prefix;
 * ``claim(name, owner, ttl_s)`` takes a lease if nobody holds a live one,
   ``release(name, owner)`` gives it back if ``owner`` still holds it, ``held(name)``
   says whether anybody does.  A lease
@@ -37,6 +40,10 @@ class Engine(Protocol):
     def get(self, name: str) -> bytes | None: ...
 
     def put(self, name: str, data: bytes) -> None: ...
+
+    def swap(self, name: str, expected: bytes | None, new: bytes | None) -> bool: ...
+
+    def names(self, prefix: str) -> list[str]: ...
 
     def claim(self, name: str, owner: str, ttl_s: float) -> bool: ...
 
@@ -77,6 +84,42 @@ class DirectoryEngine:
         except OSError as error:
             raise Unavailable(f"{path}: {error}") from error
 
+    def swap(self, name: str, expected: bytes | None, new: bytes | None) -> bool:
+        """Under the name's file lock (``<name>.lock``): readers take none, since every write is
+        a rename; only writers that swap wait for each other."""
+        from filelock import FileLock, Timeout  # only writers of merged data need it
+
+        path = self._path(name)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with FileLock(str(path) + ".lock", timeout=_LOCK_S):
+                try:
+                    current: bytes | None = path.read_bytes()
+                except FileNotFoundError:
+                    current = None
+                if current != expected:
+                    return False
+                if new is None:
+                    path.unlink(missing_ok=True)
+                else:
+                    atomic_write(path, new)
+                return True
+        except (Timeout, OSError) as error:
+            raise Unavailable(f"{path}: {error}") from error
+
+    def names(self, prefix: str) -> list[str]:
+        """Stored names directly under ``prefix`` (a folder, ending in ``/``, or ""), without
+        the engine's own files (temp files, locks)."""
+        folder = self._path(prefix) if prefix else self.directory
+        try:
+            entries = [p for p in folder.iterdir() if p.is_file()]
+        except FileNotFoundError:
+            return []
+        except OSError as error:
+            raise Unavailable(f"{folder}: {error}") from error
+        return sorted(prefix + p.name for p in entries
+                      if not p.name.startswith(".") and not p.name.endswith((".lock", ".break")))
+
     def claim(self, name: str, owner: str, ttl_s: float) -> bool:
         """A lease is a file that appears whole or not at all (hard-linked from a temp file:
         the link fails if the name exists).  An expired one is removed first by one claimant
@@ -111,6 +154,9 @@ class DirectoryEngine:
         record = _lease_record(self._path(name))
         return record is not None and record.get("expires", 0) >= time.time()
 
+
+# How long a writer waits for another one's swap: each holds the lock for one small read and write.
+_LOCK_S = 10.0
 
 # A claimant that died while breaking an expired lease leaves its breaker file behind this long.
 _BREAKER_S = 10.0
@@ -154,6 +200,15 @@ def _lease_record(path: Path) -> dict[str, Any] | None:
 # Compare-and-delete: a lease is given back only by the owner that holds it.
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
 
+# Compare-and-swap in one script (Redis runs a script atomically).  ARGV: whether bytes are
+# expected ("1") or their absence ("0"), the expected bytes, whether to set ("1") or delete, the new bytes.
+_SWAP = """
+local current = redis.call('get', KEYS[1])
+if (ARGV[1] == '0' and current ~= false) or (ARGV[1] == '1' and current ~= ARGV[2]) then return 0 end
+if ARGV[3] == '1' then redis.call('set', KEYS[1], ARGV[4]) else redis.call('del', KEYS[1]) end
+return 1
+"""
+
 
 class RedisEngine:
     """Names under one key prefix in a Redis database; ``SET`` is atomic, a lease is ``SET NX PX``."""
@@ -167,6 +222,7 @@ class RedisEngine:
         self._redis = redis
         self._client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self._release = self._client.register_script(_RELEASE)
+        self._swap = self._client.register_script(_SWAP)
 
     def describe(self) -> str:
         return redacted(self.url)
@@ -182,6 +238,21 @@ class RedisEngine:
 
     def put(self, name: str, data: bytes) -> None:
         self._call("set", self.PREFIX + name, data)
+
+    def swap(self, name: str, expected: bytes | None, new: bytes | None) -> bool:
+        args = ["0" if expected is None else "1", expected or b"", "0" if new is None else "1", new or b""]
+        try:
+            return bool(self._swap(keys=[self.PREFIX + name], args=args))
+        except self._redis.RedisError as error:
+            raise Unavailable(f"{redacted(self.url)}: {error}") from error
+
+    def names(self, prefix: str) -> list[str]:
+        pattern = self.PREFIX + "".join("\\" + ch if ch in "*?[]\\" else ch for ch in prefix) + "*"
+        found = self._call("scan_iter", match=pattern)
+        try:  # directly under the prefix, as in a directory
+            return sorted(name for n in found if "/" not in (name := n.decode()[len(self.PREFIX):])[len(prefix):])
+        except self._redis.RedisError as error:  # scan_iter is lazy: it fails while iterated
+            raise Unavailable(f"{redacted(self.url)}: {error}") from error
 
     def claim(self, name: str, owner: str, ttl_s: float) -> bool:
         return bool(self._call("set", self.PREFIX + name, owner.encode(), nx=True, px=max(1, int(ttl_s * 1000))))

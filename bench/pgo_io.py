@@ -51,7 +51,7 @@ def main() -> None:
     parser.add_argument("--redis", metavar="URL", help="also time a Redis store")
     args = parser.parse_args()
 
-    import stableguards.hooks.profiles as integration  # the converters to torch's objects
+    import stableguards.profiles.hooks as integration  # the converters to torch's objects
 
     profile = make_profile()
     raw = encode(profile)

@@ -626,6 +626,23 @@ def test_an_id_becomes_the_identity_of_the_object_it_names():
              identity=identity)
 
 
+def test_a_script_objects_type_check_becomes_the_identity_of_the_real_objects_type():
+    """FAKE_SCRIPT_TYPE_MATCH (a process group a compiled collective reads): the type of the
+    object at the source, a fake script object unwrapped to the real one it stands for."""
+    class FakeScriptObject:
+        def __init__(self, real_obj):
+            self.real_obj = real_obj
+
+    code = f"___check_fake_script_type(G['group'].WORLD, {id(_Child)}), type=<class '_Child'>  # use"
+    for value in (_Child(), FakeScriptObject(_Child())):
+        written = fact("G['group'].WORLD", "FAKE_SCRIPT_TYPE_MATCH", [code], value=lambda v=value: v,
+                       identity=identity)
+        assert written.claim == f"___check_fake_script_type(G['group'].WORLD, <{identity(_Child)}>), " \
+                                "type=<class '_Child'>"
+    with pytest.raises(Unprovable, match="not the id"):
+        fact("G['group'].WORLD", "FAKE_SCRIPT_TYPE_MATCH", [code], value=object, identity=identity)
+
+
 def test_an_object_with_no_identity_is_named_on_one_line_with_what_made_the_check():
     """A transformers config's repr is indented JSON: explain() names it on one line, with the
     source line that made Dynamo check it."""

@@ -26,6 +26,9 @@ BY_REPR = frozenset({
 # type, read past any method of the enum's that would say otherwise.
 ENUM_MIXINS = {int: int.__int__, float: float.__float__, complex: complex.__complex__, str: str.__str__,
                bytes: bytes.__bytes__}
+# Classes whose instances, used as decorators, are what their class's code does with their state.
+CONTEXT_DECORATORS = frozenset({"torch.utils._contextlib._DecoratorContextManager",
+                                "torch._dynamo.eval_frame._TorchDynamoContext"})
 # What the enum machinery keeps on each member; its value and name are described on their own.
 ENUM_BOOKKEEPING = frozenset({"_value_", "_name_", "__objclass__", "_sort_order_"})
 
@@ -103,6 +106,23 @@ def fx_graph_class(cls: type) -> bool:
 
 # Types with one instance each and no name to import them by (``NoneType`` is not in ``builtins``).
 SINGLETON_TYPES = (type(None), type(Ellipsis), type(NotImplemented))
+
+
+def pybind_base(cls: type) -> bool:
+    """Whether ``cls`` is the base pybind11 gives the classes a C extension defines: its code and
+    theirs is the extension's, fixed by the version of the package that holds them."""
+    return qualified(cls) == "pybind11_builtins.pybind11_object"
+
+
+def c_attribute(value: object) -> bool:
+    """Whether a class attribute is C code (a pybind11 method, a property or static method of
+    C functions) with no name of its own to import: its class's package version says it."""
+    if isinstance(value, property):
+        return all(f is None or c_attribute(f) for f in (value.fget, value.fset, value.fdel))
+    if isinstance(value, (staticmethod, classmethod)):
+        return c_attribute(value.__func__)
+    return isinstance(value, types.BuiltinFunctionType) or type(value).__name__ == "instancemethod" and \
+        isinstance(getattr(value, "__func__", None), types.BuiltinFunctionType)
 
 
 def importable(cls: type) -> bool:

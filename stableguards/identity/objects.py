@@ -28,7 +28,8 @@ leaves the entry out rather than trust a name.
   every function-like attribute (functions, static and class methods,
   properties) by this rule.  Dynamo trusts a class's methods while its
   identity holds, so a method patched in one process and not in the other
-  changes the class's identity; class attributes that are values are guarded
+  changes the class's identity; a class a C extension made with pybind11
+  (``ProcessGroup``), with its C methods named by its package's version; class attributes that are values are guarded
   by Dynamo when a compile reads them.  The class torch.fx makes for each graph
   module is not importable: its methods name it (its ``forward`` runs in the
   globals ``identity.fx_home`` names by their content); ``NoneType`` and the
@@ -48,6 +49,7 @@ leaves the entry out rather than trust a name.
   checks by id, which has no identity here and leaves the entry out), so the
   state says which optimizer it is to a compile, and its tensors' values are
   data.  Another process cannot check an id: see ``by_state``;
+* a config entry's ``ContextVar`` and a ``ProcessGroup``: ``identity.distributed``;
 * a few torch value types whose ``repr`` is their whole value (dtypes,
   devices, operators by qualified name), told apart by type name so that this
   module needs no torch.
@@ -58,6 +60,7 @@ Everything here is plain Python; the hook layer hands it the objects.
 from __future__ import annotations
 
 import builtins
+import contextvars
 import enum
 import functools
 import sys
@@ -68,10 +71,12 @@ from typing import Any
 
 from stableguards.codes import code_digest, qualified
 from stableguards.identity import fx_home
-from stableguards.identity.names import (BY_REPR, CHECKED, ENUM_BOOKKEEPING, ENUM_MIXINS, SCALARS, SINGLETON_TYPES,
-                                         TENSOR, TYPES_MODULE_NAMES, builtin, by_state, fx_graph_class, importable,
-                                         is_a, label, module_copy, module_of_globals, parametrized, short_digest,
-                                         tensor_identity, type_name)
+from stableguards.identity.distributed import PROCESS_GROUP, config_var, process_group
+from stableguards.identity.names import (BY_REPR, CHECKED, CONTEXT_DECORATORS, ENUM_BOOKKEEPING, ENUM_MIXINS,
+                                         SCALARS, SINGLETON_TYPES, TENSOR, TYPES_MODULE_NAMES, builtin, by_state,
+                                         c_attribute, fx_graph_class, importable, is_a, label, module_copy,
+                                         module_of_globals, package_version, parametrized, pybind_base,
+                                         short_digest, tensor_identity, type_name)
 
 
 class _Empty:
@@ -223,12 +228,16 @@ class Identities:
             # class does, and its items.
             parts = self._all((kind, dict(obj) if isinstance(obj, dict) else tuple(obj)))
             return None if parts is None else f"{parts[0]}({parts[1]})"
-        if any(qualified(k) in _CONTEXT_DECORATORS for k in kind.__mro__):
+        if any(qualified(k) in CONTEXT_DECORATORS for k in kind.__mro__):
             # torch.no_grad(), torch.compiler.disable and their kin used as a decorator: the closure
             # holds the instance (its clone makes the context of each call); what it does is its
             # class's code and its state.
             parts = self._all((kind, vars(obj)))
             return None if parts is None else f"instance:{parts[0]}:{parts[1]}"
+        if isinstance(obj, contextvars.ContextVar):
+            return config_var(obj, self.describe)
+        if type_name(obj) == PROCESS_GROUP:
+            return process_group(obj)
         if qualified(kind) == "contextlib._GeneratorContextManager":
             # A @contextmanager function used as a decorator: each call makes its context again
             # from the function and its arguments (the generator it holds is spent state).
@@ -331,16 +340,19 @@ class Identities:
             return f"class:{TYPES_MODULE_NAMES[cls]}"
         if not importable(cls) and not fx_graph_class(cls):
             return self._parametrized(cls)
-        methods = []
+        c_code = any(map(pybind_base, cls.__mro__))  # its C code: said by its package's version
+        methods = [f"c={package_version(cls.__module__)}"] if c_code else []
+        if methods == ["c=None"]:
+            return None
         for klass in cls.__mro__:
-            if klass is object:
+            if klass is object or pybind_base(klass):
                 continue
             if klass is not cls and not importable(klass):
                 return None
             owner = qualified(klass)
             for name, value in sorted(vars(klass).items()):  # by name: names are unique
-                if isinstance(value, _METHOD_LIKE):
-                    described = self._attribute(value)
+                if isinstance(value, _METHOD_LIKE) or (c_code and c_attribute(value)):
+                    described = "c" if c_code and c_attribute(value) else self._attribute(value)
                     if described is None:
                         return None
                     methods.append(f"{owner}.{name}={described}")
@@ -386,6 +398,3 @@ class Identities:
 
 _METHOD_LIKE = (types.FunctionType, staticmethod, classmethod, property, functools.partialmethod,
                 functools.cached_property)
-# Classes whose instances, used as decorators, are what their class's code does with their state.
-_CONTEXT_DECORATORS = frozenset({"torch.utils._contextlib._DecoratorContextManager",
-                                 "torch._dynamo.eval_frame._TorchDynamoContext"})

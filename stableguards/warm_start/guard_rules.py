@@ -74,7 +74,8 @@ RULES: dict[str, Rule] = {
     "DEFAULT_DEVICE": Rule(Check.AMBIENT, "C++ reads the default device when the tree is built, not the saved "
                                           "one it prints: the call's device is compared with the cold one"),
     "DICT_VERSION": Rule(Check.REFUSE, "a dict's version counter is this process's own"),
-    "FAKE_SCRIPT_TYPE_MATCH": Rule(Check.REFUSE, "a script object's type is checked by id"),
+    "FAKE_SCRIPT_TYPE_MATCH": Rule(Check.TYPE_IDENTITY, "as TYPE_MATCH, for the type of the object at the source "
+                                                        "(of the real object a fake script object stands for)"),
 }
 
 # LAMBDA_GUARD is a Python closure; only lambdas whose code says all they check have rules.
@@ -152,7 +153,7 @@ def fact(source: str, kind: str, parts: Iterable[str], *, value: Callable[[], An
         raise Unprovable(f"{kind} on {source}: its object was not given")
     obj = value()
     if rule.check is Check.TYPE_IDENTITY:
-        obj = type(obj)
+        obj = type(getattr(obj, "real_obj", obj) if type(obj).__name__ == "FakeScriptObject" else obj)
     if rule.check is not Check.STATE_IDENTITY:
         ids = {int(m.group(2)) for m in _IDS.finditer(code)}
         if ids != {id(obj)}:
@@ -253,7 +254,7 @@ def explain_unproven(missing: list[Fact], warm: Iterable[Fact]) -> str:
 
 
 # ___check_obj_id(<source>, 140235...) and ___check_type_id(<source>, 9456...): the id is the last argument.
-_IDS = re.compile(r"(___check_(?:obj|type)_id\(.*, )(\d+)\)")
+_IDS = re.compile(r"(___check_(?:obj_id|type_id|fake_script_type)\(.*, )(\d+)\)")
 
 
 # Code up to the first ``#`` outside string literals: runs of other characters, and string

@@ -1,0 +1,173 @@
+"""One rank of a distributed training job on gloo (CPU), for bench/distributed.py and the
+distributed tests: a 4-block transformer stack wrapped as each setting says, compiled, trained
+a few optimizer steps, and compared with the same wrapped model run uncompiled.
+
+    RANK=r WORLD_SIZE=n MASTER_ADDR=127.0.0.1 MASTER_PORT=p \\
+        python bench/_distributed_child.py BACKEND SETTING [SETTING ...]
+
+Settings run one after another in one process group (``torch._dynamo.reset()`` between them):
+single, ddp_plain (``optimize_ddp=False``), ddp (DDPOptimizer), fsdp2, tp, collectives.
+Prints one JSON line: per setting, the frames Dynamo traced (by code name), the FX-graph and
+AOTAutograd cache counters, the wall seconds from ``torch.compile()`` to the first finished
+step, whether every step's loss and the final parameters equal the uncompiled run's; and
+explain().
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import stableguards  # noqa: F401 - installs the flag's machinery
+from _traced import names as traced
+
+DIM, HEADS, BLOCKS, STEPS = 128, 4, 4, 3
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = torch.nn.LayerNorm(DIM), torch.nn.LayerNorm(DIM)
+        self.q, self.k, self.v, self.out = (torch.nn.Linear(DIM, DIM) for _ in range(4))
+        self.fc1, self.fc2 = torch.nn.Linear(DIM, 2 * DIM), torch.nn.Linear(2 * DIM, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        h = self.ln1(x)
+        # -1 heads: under tensor parallel each rank holds a slice of them.
+        q, k, v = (p(h).view(b, s, -1, DIM // HEADS).transpose(1, 2) for p in (self.q, self.k, self.v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, -1)
+        x = x + self.out(a)
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class Stack(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block() for _ in range(BLOCKS))
+        self.head = torch.nn.Linear(DIM, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x).mean()
+
+
+def _ddp(model: torch.nn.Module) -> torch.nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    # 1 MB (DDPOptimizer's smallest: its first bucket's cap): several buckets, several graphs.
+    return DistributedDataParallel(model, bucket_cap_mb=1)
+
+
+def _fsdp2(model: Stack) -> torch.nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.blocks:
+        fully_shard(block)
+    return fully_shard(model)
+
+
+def _tp(model: Stack) -> torch.nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "out": RowwiseParallel(),
+            "fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
+    for block in model.blocks:
+        parallelize_module(block, mesh, plan)
+    return model
+
+
+WRAPS: dict[str, Callable[[Stack], torch.nn.Module]] = {
+    "single": lambda m: m, "ddp_plain": _ddp, "ddp": _ddp, "fsdp2": _fsdp2, "tp": _tp,
+}
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _counters() -> dict[str, int]:
+    from torch._dynamo.utils import counters
+
+    return {f"{group}.{name}": n for group in ("inductor", "aot_autograd") for name, n in counters[group].items()
+            if "cache" in name}
+
+
+def _train(setting: str, backend: str) -> dict:
+    torch.manual_seed(0)
+    base = Stack()
+    # Every rank its own batch, except under tensor parallel (one batch, split by features).
+    seed = 100 if setting == "tp" else 100 + dist.get_rank()
+    batches = [torch.randn(2, 8, DIM, generator=torch.Generator().manual_seed(seed + i)) for i in range(STEPS)]
+    results = {}
+    for compiled in (False, True):
+        model = WRAPS[setting](copy.deepcopy(base))
+        # SGD with momentum: Adam's normalized step turns a rounding difference in a tiny gradient
+        # into a whole step.  foreach needs every parameter a DTensor or none (tensor parallel
+        # leaves norms and head plain).
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, foreach=setting != "tp")
+        start = time.perf_counter()
+        run = torch.compile(model, backend=backend) if compiled else model
+        losses, first = [], 0.0
+        for i, x in enumerate(batches):
+            loss = run(x)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+            if i == 0:
+                first = time.perf_counter() - start
+        results[compiled] = (losses, [_local(p).detach().clone() for p in model.parameters()], first)
+    (eager_losses, eager_params, _), (losses, params, first) = results[False], results[True]
+    ok = (torch.allclose(torch.tensor(losses), torch.tensor(eager_losses), rtol=1e-4, atol=1e-5)
+          and all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(params, eager_params, strict=True)))
+    return {"ok": ok, "first_step_s": first}
+
+
+def collective_step(x: torch.Tensor) -> torch.Tensor:
+    import torch.distributed._functional_collectives as funcol
+
+    y = funcol.all_reduce(x.sin(), "sum", dist.group.WORLD)
+    dist.all_reduce(y)
+    return y.cos() * dist.get_world_size()
+
+
+def _collectives(backend: str) -> dict:
+    x = torch.randn(8, generator=torch.Generator().manual_seed(dist.get_rank()))
+    start = time.perf_counter()
+    got = torch.compile(collective_step, backend=backend)(x)
+    first = time.perf_counter() - start
+    return {"ok": bool(torch.allclose(got, collective_step(x.clone()), rtol=1e-4, atol=1e-5)), "first_step_s": first}
+
+
+def main(backend: str, settings: list[str]) -> dict:
+    from torch._inductor import compile_fx  # noqa: F401 - importing inductor is left out of the timings
+
+    dist.init_process_group("gloo")
+    report = {}
+    for setting in settings:
+        torch._dynamo.reset()
+        before_frames, before = len(traced()), _counters()
+        with torch._dynamo.config.patch(optimize_ddp=setting != "ddp_plain"):
+            result = _collectives(backend) if setting == "collectives" else _train(setting, backend)
+        after = _counters()
+        result["traced"] = traced()[before_frames:]
+        result["counters"] = {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
+        report[setting] = result
+        dist.barrier()
+    dist.destroy_process_group()
+    return {"settings": report, "explain": stableguards.explain()}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1], sys.argv[2:])))

@@ -1,0 +1,133 @@
+"""Distributed training across a restart, flag off vs on: frames each rank traces again, cache
+hits, and the first step's wall seconds, cold and warm.
+
+Each rank is a process of a gloo process group (CPU) with its own empty local cache dir, as on
+its own machine; flag on, the ranks share one store (STABLEGUARDS_STORE: a directory, or with
+``--redis`` a redis-server started here on a free loopback port).  bench/_distributed_child.py
+runs every setting in one process group: a 4-block transformer stack trained a few SGD steps
+as is (single), under DDP without and with DDPOptimizer, under FSDP2 and tensor parallel, and a
+function with collectives.  "cold": the ranks start on empty dirs; "warm": all restart.
+Columns per setting and flag: frames traced per rank (max over ranks), FX/AOT cache hits,
+misses and bypasses in the warm run (summed over ranks), first-step wall seconds (slowest rank:
+``torch.compile()`` to the first finished optimizer step), warm/cold, and whether every rank
+equalled its uncompiled run.
+
+    python bench/distributed.py                       # every setting, 2 ranks, inductor
+    python bench/distributed.py --settings ddp fsdp2 --backend aot_eager --redis
+
+Writes bench/out/distributed.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from columns import aligned
+from fleet import _free_port, redis_store
+
+HERE = Path(__file__).resolve().parent
+SETTINGS = ("single", "ddp_plain", "ddp", "fsdp2", "tp", "collectives")
+
+
+def run_job(ranks: int, flag: str, store: str | None, dirs: list[Path], backend: str,
+            settings: list[str]) -> list[dict]:
+    port = _free_port()
+    procs = []
+    for rank in range(ranks):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("STABLEGUARDS_", "TORCH_COMPILE_JOB_ID"))}
+        env.update(TORCHINDUCTOR_CACHE_DIR=str(dirs[rank]), TORCHDYNAMO_STABLE_GUARDS=flag, RANK=str(rank),
+                   WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONHASHSEED="random",
+                   OMP_NUM_THREADS="1")
+        if store:
+            env["STABLEGUARDS_STORE"] = store
+        procs.append(subprocess.Popen([sys.executable, str(HERE / "_distributed_child.py"), backend, *settings],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    for proc in procs:
+        out, err = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"a rank failed:\n{err[-4000:]}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def measure(ranks: int, flag: str, workdir: Path, redis_url: str | None, backend: str,
+            settings: list[str]) -> list[dict]:
+    dirs = [workdir / f"flag{flag}-rank{r}" for r in range(ranks)]
+    store = None
+    if flag == "1":
+        if redis_url:
+            import redis
+
+            redis.Redis.from_url(redis_url).flushdb()
+        store = redis_url or str(workdir / "store")
+    cold = run_job(ranks, flag, store, dirs, backend, settings)
+    warm = run_job(ranks, flag, store, dirs, backend, settings)
+    return [{"setting": s, "flag": "on" if flag == "1" else "off", "store": ("redis" if redis_url else "directory")
+             if store else "-", "ranks": ranks, "cold": [r["settings"][s] for r in cold],
+             "warm": [r["settings"][s] for r in warm], "explain": [r["explain"] for r in warm]} for s in settings]
+
+
+def _count(row: dict, kind: str) -> int:
+    return sum(n for r in row["warm"] for k, n in r["counters"].items() if k.endswith(kind))
+
+
+def _first(run: list[dict]) -> float:
+    return max(r["first_step_s"] for r in run)
+
+
+COLUMNS = (
+    ("setting", lambda r: r["setting"]),
+    ("flag", lambda r: r["flag"]),
+    ("store", lambda r: r["store"]),
+    ("cold frames", lambda r: max(len(x["traced"]) for x in r["cold"])),
+    ("warm frames", lambda r: max(len(x["traced"]) for x in r["warm"])),
+    ("warm hits", lambda r: _count(r, "_hit")),
+    ("warm misses", lambda r: _count(r, "_miss")),
+    ("warm bypasses", lambda r: _count(r, "_bypass")),
+    ("cold first step s", lambda r: f"{_first(r['cold']):.2f}"),
+    ("warm first step s", lambda r: f"{_first(r['warm']):.2f}"),
+    ("warm/cold", lambda r: f"{_first(r['warm']) / _first(r['cold']):.3f}"),
+    ("ok", lambda r: "yes" if all(x["ok"] for x in r["cold"] + r["warm"]) else "NO"),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--backend", default="inductor")
+    parser.add_argument("--flags", nargs="+", choices=("off", "on"), default=["off", "on"])
+    parser.add_argument("--redis", action="store_true", help="the shared store in a redis-server started here")
+    parser.add_argument("--out", type=Path, default=HERE / "out")
+    args = parser.parse_args(argv)
+    import torch
+
+    print(f"torch {torch.__version__}, {args.ranks} gloo ranks on CPU, backend {args.backend}, "
+          f"{os.cpu_count()} cores; each rank its own local cache dir", flush=True)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="sg-dist-") as tmp:
+        with redis_store(Path(tmp)) as url:
+            if args.redis and url is None:
+                raise SystemExit("--redis: no redis-server on PATH")
+            for flag in ("1" if f == "on" else "0" for f in args.flags):
+                rows += measure(args.ranks, flag, Path(tmp), url if args.redis else None, args.backend, args.settings)
+    rows.sort(key=lambda r: (SETTINGS.index(r["setting"]), r["flag"]))
+    print(aligned(COLUMNS, rows))
+    for row in rows:
+        if row["flag"] == "on" and any(x["traced"] for x in row["warm"]):
+            print(f"\n{row['setting']}, flag on, traced warm: {[x['traced'] for x in row['warm']]}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "distributed.json").write_text(json.dumps(rows, indent=2))
+    print(f"rows: {args.out / 'distributed.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""The identity rules for what distributed training puts in guards (stableguards.identity.distributed):
+plain checks on the real objects, no Dynamo."""
+
+from __future__ import annotations
+
+import contextvars
+
+import pytest
+import torch
+
+from stableguards.identity.objects import identity
+
+
+def test_a_config_context_var_is_its_path_and_its_value():
+    import torch.compiler.config as config
+
+    entry = config._config.get("compile_on_one_rank")
+    if entry is None or not isinstance(getattr(entry, "user_override", None), contextvars.ContextVar):
+        pytest.skip("this torch keeps no ContextVar in its config")
+    var = entry.user_override
+    unset = identity(var)
+    assert unset == "contextvar:torch.compiler.config.compile_on_one_rank.user_override=object()"
+    token = var.set(True)
+    try:
+        assert identity(var) == unset.replace("object()", "bool:True")  # another value: another identity
+    finally:
+        var.reset(token)
+    assert identity(contextvars.ContextVar("compile_on_one_rank")) is None  # a look-alike no config holds
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
+def test_a_process_group_is_its_backend_size_ranks_and_name():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        world = identity(dist.group.WORLD)
+        assert world == "process_group:gloo:size=1:ranks=[0]:name=0:desc=default_pg:hooks=False"
+        other = dist.new_group([0])
+        assert identity(other) not in (None, world)  # the same ranks, another group
+    finally:
+        dist.destroy_process_group()
+    assert identity(dist.group.WORLD) == "NoneType:None"  # no group any more: none is described

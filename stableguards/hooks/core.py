@@ -49,7 +49,8 @@ class PassThrough(Exception):
 class Hook:
     """One seam: ``module.target`` (``"Class.method"`` or a function) runs ``impl``.
 
-    ``part`` is the feature it belongs to; None for a shared seam's owner
+    ``target`` may name a property: its getter is hooked.  ``part`` is the feature it
+    belongs to; None for a shared seam's owner
     (``hooks.seams``), which runs while the flag is on and asks ``active`` for
     each feature it serves.
 
@@ -196,11 +197,12 @@ def _resolve(hook: Hook | Needs) -> tuple[Any, str]:
         owner = getattr(owner, name, None)
         if owner is None:
             raise HookDoesNotFit(f"{hook.module}.{hook.target}: {name} is missing")
-    if not callable(getattr(owner, attr, None)):
+    raw = inspect.getattr_static(owner, attr, None)
+    if not callable(getattr(owner, attr, None)) and not isinstance(raw, property):
         raise HookDoesNotFit(f"{hook.module}.{hook.target} is missing")
     if hook.params:
         try:
-            params = inspect.signature(getattr(owner, attr)).parameters
+            params = inspect.signature(raw.fget if isinstance(raw, property) else getattr(owner, attr)).parameters
         except (TypeError, ValueError):
             params = {}
         if missing := [p for p in hook.params if p not in params]:
@@ -217,6 +219,12 @@ class _Seam:
 
 
 def _compose(owner: Any, attr: str, seam: _Seam) -> None:
+    if isinstance(seam.raw, property):  # a property's getter is the hook point
+        fn = seam.raw.fget
+        for hook in seam.hooks:
+            fn = _wrap(hook, fn)
+        setattr(owner, attr, seam.raw.getter(fn))
+        return
     kind = type(seam.raw) if isinstance(seam.raw, (staticmethod, classmethod)) else None
     fn = seam.raw.__func__ if kind is not None else seam.raw
     for hook in seam.hooks:

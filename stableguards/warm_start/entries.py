@@ -9,7 +9,11 @@ hook layer asks for bytes under a key and hands bytes back; what an entry is, it
   process (a rank), in ``warm_start/<digest>.<variant>`` with the calls in
   ``warm_start_calls/<digest>`` (``warm_start.variants``).
 * While one process compiles an entry it holds the entry's lease; another process that
-  finds the lease held waits for the entry instead of compiling the same graphs.
+  finds the lease held waits for the entry instead of compiling the same graphs.  A
+  compile that ends with nothing to save says so in ``warm_start_left_out/<digest>``
+  as it gives the lease back: processes that need the entry then compile at once,
+  neither waiting nor taking a lease for an entry that is not coming (a process that
+  saves it after all is found first).
 * The miss index: each saved key, by function, in ``warm_start_index/<function>``, so a
   process whose key finds nothing (a fresh replica included) can name the components that
   changed.  A local copy (``<cache dir>/stableguards/warm_start``) lists the functions for
@@ -33,6 +37,7 @@ from stableguards.warm_start.index import changed_components, differences, funct
 NAMESPACE = "warm_start"
 CALLS = "warm_start_calls"  # the calls an entry's variants are chosen by (warm_start.variants)
 INDEX = "warm_start_index"
+LEFT_OUT = "warm_start_left_out"  # entries a compile ended without: nobody waits for them
 
 
 def store() -> ContentStore:
@@ -56,19 +61,27 @@ class Leases:
     def __init__(self) -> None:
         self.held: dict[str, ContentStore] = {}
 
-    def fetch_or_claim(self, digest: str, waiting: Callable[[str], None]) -> bytes | None:
+    def fetch_or_claim(self, digest: str, waiting: Callable[[str], None],
+                       not_coming: Callable[[str], None]) -> bytes | None:
         """The saved entry under ``digest``, or None.  While another process holds its lease
         (it is compiling the same entry from the same store), wait for it (``waiting`` is told
-        the store) instead of compiling the same graphs; on a miss, take the lease.  Raises
-        what the store raises."""
+        the store) instead of compiling the same graphs; on a miss, take the lease, unless a
+        compile of it ended with nothing to save (``not_coming`` is told why).  Raises what
+        the store raises."""
         found = store()
         data = fetch(found, digest)
+        if data is None and (why := _left_out(found, digest)) is not None:
+            not_coming(why)
+            return None
         # Never wait for a lease this process holds itself (a compile of the same key under
         # way or unsaved here, e.g. before torch._dynamo.reset()).
         if data is None and digest not in self.held and found.held(NAMESPACE, digest):
             waiting(found.describe())
             if found.wait_released(NAMESPACE, digest, lease_seconds()):
                 data = fetch(found, digest)
+                if data is None and (why := _left_out(found, digest)) is not None:
+                    not_coming(why)
+                    return None
         if data is None and found.claim(NAMESPACE, digest, lease_seconds()):
             if not self.held:
                 atexit.register(self.release_all)  # an entry still waiting for its backward
@@ -94,9 +107,28 @@ class Leases:
             with contextlib.suppress(Exception):  # an unreachable store: the lease expires by itself
                 held.release(NAMESPACE, digest)
 
+    def give_up(self, digest: str, why: str) -> None:
+        """The compile of the entry under ``digest`` ended with nothing to save: said in the
+        store (once) for every process that would wait for it, then the lease given back."""
+        held = self.held.get(digest)
+        if held is not None:
+            with contextlib.suppress(Exception):  # only saves others a wait: never fails a compile
+                if _left_out(held, digest) is None:
+                    held.publish(LEFT_OUT, digest, why.encode())
+        self.release(digest)
+
     def release_all(self) -> None:
         for digest in list(self.held):
             self.release(digest)
+
+
+def _left_out(found: ContentStore, digest: str) -> str | None:
+    """Why a compile of the entry under ``digest`` ended with nothing to save, if one did."""
+    try:
+        raw = found.fetch(LEFT_OUT, digest)
+    except Exception:  # noqa: BLE001 - unusable: as if there were none (the entry may come)
+        return None
+    return None if raw is None else raw.decode("utf-8", "replace")[:300]
 
 
 def publish(key: Components, code: types.CodeType, data: bytes, calls: bytes | None) -> None:

@@ -30,6 +30,14 @@ def saved() -> None:
     EVENTS.count("warm_start_saved")
 
 
+def not_coming(function: str, why: str) -> None:
+    """A compile of the entry this process needs ended elsewhere with nothing to save: compiled
+    here at once, without waiting for it or taking its lease."""
+    EVENTS.count("warm_start_not_coming")
+    EVENTS.note(f"warm start: {function}: the process that compiled its entry saved none ({why}); compiled "
+                f"here without waiting for it")
+
+
 def left_out(frame: str, reason: str) -> None:
     """A compile that cannot be saved soundly: a restart traces this frame again."""
     EVENTS.count("warm_start_left_out")

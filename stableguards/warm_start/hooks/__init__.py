@@ -54,7 +54,8 @@ from stableguards.identity.names import module_of_globals
 from stableguards.storage import messages as store_messages
 from stableguards.storage.artifacts import cpu_isa
 from stableguards.warm_start import entries, messages
-from stableguards.warm_start.hooks import bundling, compiles, folds, guards, kernels, loaded, optimizer_init, tracing
+from stableguards.warm_start.hooks import (bundling, compiles, ddp, folds, guards, kernels, loaded, optimizer_init,
+                                          tracing)
 from stableguards.warm_start.key import entry_key
 from stableguards.warm_start.state import STATE, Ours
 
@@ -215,7 +216,8 @@ def _load(key: Components, code: Any) -> Any:
     entry's lease until this process saves it (``_save``) or gives up on it
     (``warm_start.entries``)."""
     try:
-        data = entries.LEASES.fetch_or_claim(key.digest, lambda store: messages.waiting(frame_label(code), store))
+        data = entries.LEASES.fetch_or_claim(key.digest, lambda store: messages.waiting(frame_label(code), store),
+                                             lambda why: messages.not_coming(frame_label(code), why))
         if data is None:
             if differences := entries.changed(key, code):
                 messages.missed(frame_label(code), differences)
@@ -389,4 +391,4 @@ HOOKS = [
     Hook(_PACKAGE, "_get_code_source", "warm_start", _code_source),
 ]
 HOOKS += compiles.HOOKS + loaded.HOOKS + bundling.HOOKS + guards.HOOKS + tracing.HOOKS + folds.HOOKS
-HOOKS += optimizer_init.HOOKS + kernels.HOOKS
+HOOKS += optimizer_init.HOOKS + kernels.HOOKS + ddp.HOOKS

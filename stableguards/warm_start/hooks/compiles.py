@@ -76,8 +76,9 @@ def compile_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -
     ours.folded |= {(c.fn.__module__, c.fn.__qualname__, c.args, tuple(sorted(c.kwargs.items())))
                     for c in traced.constants if tracing.folds_process_state(c.fn)
                     and variants.jsonable([c.args, list(c.kwargs.values())])}
-    if _contents(package) != before:
-        _save(package, ours, frame_name)
+    if _contents(package) != before and _save(package, ours, frame_name) is False:
+        # Nothing to save: whoever waits for this entry compiles at once, now and after a restart.
+        entries.LEASES.give_up(ours.key.digest, f"{frame_name} was left out of warm start, as its explain() says")
     if ours.pending is None:
         entries.LEASES.release(ours.key.digest)  # saved, or nothing to save: nobody need wait
     return result
@@ -112,19 +113,20 @@ def _retry_without_package(error: Exception) -> bool:
     return True
 
 
-def _save(package: Any, ours: Ours, frame: str) -> None:
-    """Save a package's entry, or keep it waiting for a graph compiled later.
+def _save(package: Any, ours: Ours, frame: str) -> bool | None:
+    """Save a package's entry, or keep it waiting for a graph compiled later: whether it was
+    written (False: nothing to save, or it cannot be; None: it waits).
 
     A waiting entry outlives its package: ``torch.compile(fn)(x).backward()``
     drops the compiled function, and with it the package, before the backward
     compiles.  Its last entry (plain data: codes, serialized guards) is kept
     and saved when the artifact arrives (``_record_artifact``)."""
     entry = package.cache_entry()
-    if _written(entry, ours, frame) is not None:
+    if (written := _written(entry, ours, frame)) is not None:
         if (record := ours.pending) is not None:
             ours.pending = None
             record.orphan.detach()
-        return
+        return written
     record = ours.pending
     if record is None:
         messages.pending(frame)
@@ -133,6 +135,7 @@ def _save(package: Any, ours: Ours, frame: str) -> None:
         record.orphan = weakref.finalize(package, STATE.orphans.append, record)
         record.orphan.atexit = False
     record.entry, record.frame = entry, frame
+    return None
 
 
 def _written(entry: Any, ours: Ours, frame: str) -> bool | None:

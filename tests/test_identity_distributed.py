@@ -41,3 +41,39 @@ def test_a_process_group_is_its_backend_size_ranks_and_name():
     finally:
         dist.destroy_process_group()
     assert identity(dist.group.WORLD) == "NoneType:None"  # no group any more: none is described
+
+
+class Block(torch.nn.Module):
+    def forward(self, x):
+        return x
+
+
+class Other(torch.nn.Module):
+    def forward(self, x):
+        return x + 1
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
+def test_the_class_fully_shard_makes_is_told_by_what_it_wraps_and_found_again_through_torchs_map():
+    import pickle
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from stableguards.warm_start.pickling import reduce, wrapper_class_at
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        block, other = fully_shard(Block()), fully_shard(Other())
+        described = identity(type(block))
+        assert described.startswith("wrapper:torch.distributed.fsdp._fully_shard._fully_shard.cls_to_fsdp_cls[")
+        assert identity(Block) in described and described != identity(type(other))
+        assert identity(type(fully_shard(Block()))) == described  # one class per wrapped class
+        rebuild, args = reduce(type(block), lambda: NotImplemented, None)
+        assert rebuild(*pickle.loads(pickle.dumps(args))) is type(block)  # found through the map
+        missing = wrapper_class_at(args[0], args[1], torch.nn.Linear)  # nothing wrapped it yet
+        assert not isinstance(block, missing) and identity(missing) is None
+        lookalike = type("FSDPBlock", type(block).__bases__, {})  # the same bases, not torch's
+        assert identity(lookalike) is None
+    finally:
+        dist.destroy_process_group()

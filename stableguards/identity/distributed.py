@@ -8,6 +8,14 @@
   under one name in every process and makes each entry's variable once, so the
   same path names the same variable there.  The value is said too, which proves
   more than the id did (what the compile read from it is guarded apart).
+* A class torch made at run time to wrap a module's class (``fully_shard``'s
+  ``FSDP<Block>``, ``replicate``'s): the map torch keeps it in, the identities of
+  its bases (torch's wrapper class, the wrapped class) and of its own namespace.
+  Sound: torch makes it with ``type(prefix + name, (wrapper, wrapped), namespace)``,
+  once per wrapped class, and keeps it in that map; so in another process the map
+  holds, for a wrapped class of the same identity, a class made by the same code,
+  and a class is nothing but its bases and its namespace.  (The id that named it is
+  found there through the same map: ``warm_start.pickling``.)
 * A ``ProcessGroup``: its backend, size, the global ranks in it, its name, its
   description and whether hooks are registered on it.  Sound: Dynamo's
   ``ID_MATCH`` on it proved "the group the compile saw"; what a graph uses of a
@@ -30,8 +38,15 @@ from collections.abc import Callable
 from typing import Any
 
 from stableguards.codes import qualified
+from stableguards.identity.names import short_digest
 
 PROCESS_GROUP = "torch.distributed.distributed_c10d.ProcessGroup"
+# Where torch keeps the classes it makes to wrap a module's class: (module, name of the map).
+WRAPPER_MAPS = (("torch.distributed.fsdp._fully_shard._fully_shard", "cls_to_fsdp_cls"),
+                ("torch.distributed._composable.replicate_with_fsdp", "cls_to_replicate_cls"))
+# What Python keeps in every class's namespace: not what the class does.
+_CLASS_BOOKKEEPING = frozenset({"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__",
+                                "__firstlineno__", "__static_attributes__"})
 _CONFIG_MODULE = "torch.utils._config_module.ConfigModule"
 _UNSET = object()  # what a variable without a value reads as: described as object()
 
@@ -48,6 +63,31 @@ def config_var(var: contextvars.ContextVar, describe: Callable[[Any], str | None
                     value = describe(var.get(_UNSET))
                     return None if value is None else f"contextvar:{name}.{key}.{attribute}={value}"
     return None
+
+
+def wrapper_map(cls: type) -> tuple[str, str, type] | None:
+    """Where torch keeps ``cls``, a class it made to wrap another: (module, map, the wrapped
+    class); None for any other class."""
+    bases = getattr(cls, "__bases__", ())
+    if len(bases) != 2:
+        return None
+    for module, name in WRAPPER_MAPS:
+        mapping = getattr(sys.modules.get(module), name, None)
+        if isinstance(mapping, dict) and mapping.get(bases[1]) is cls:
+            return module, name, bases[1]
+    return None
+
+
+def wrapper_class(cls: type, describe: Callable[[Any], str | None]) -> str | None:
+    """``cls`` as the class torch made to wrap another (see the module docstring), or None."""
+    found = wrapper_map(cls)
+    if found is None:
+        return None
+    own = {k: v for k, v in vars(cls).items() if k not in _CLASS_BOOKKEEPING}
+    parts = [describe(base) for base in cls.__bases__] + [describe(own)]
+    if None in parts:
+        return None
+    return f"wrapper:{found[0]}.{found[1]}[{parts[1]}]#{short_digest(':'.join(parts))}"  # type: ignore[arg-type]
 
 
 def process_group(group: Any) -> str | None:

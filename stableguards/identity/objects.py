@@ -71,7 +71,7 @@ from typing import Any
 
 from stableguards.codes import code_digest, qualified
 from stableguards.identity import fx_home
-from stableguards.identity.distributed import PROCESS_GROUP, config_var, process_group
+from stableguards.identity.distributed import PROCESS_GROUP, config_var, process_group, wrapper_class
 from stableguards.identity.names import (BY_REPR, CHECKED, CONTEXT_DECORATORS, ENUM_BOOKKEEPING, ENUM_MIXINS,
                                          SCALARS, SINGLETON_TYPES, TENSOR, TYPES_MODULE_NAMES, builtin, by_state,
                                          c_attribute, fx_graph_class, importable, is_a, label, module_copy,
@@ -339,7 +339,7 @@ class Identities:
         if cls in TYPES_MODULE_NAMES:
             return f"class:{TYPES_MODULE_NAMES[cls]}"
         if not importable(cls) and not fx_graph_class(cls):
-            return self._parametrized(cls)
+            return self._parametrized(cls) if parametrized(cls) else wrapper_class(cls, self.describe)
         c_code = any(map(pybind_base, cls.__mro__))  # its C code: said by its package's version
         methods = [f"c={package_version(cls.__module__)}"] if c_code else []
         if methods == ["c=None"]:
@@ -374,9 +374,7 @@ class Identities:
         torch's and whose closures hold the tensor's name and the module the class was made
         for.  That module is said as such: a compile reads it as the instance it is called on
         (it keys torch's parametrization cache by its id, which ``folds`` checks like any id).
-        Any other class no name finds has no identity."""
-        if not parametrized(cls):
-            return None
+        (A class torch made to wrap another: ``identity.distributed``.)"""
         base = cls.__bases__[0]
         inner = Identities()
         inner._instance_of = cls

@@ -22,6 +22,7 @@ from typing import Any
 
 from stableguards.codes import code_at, code_path
 from stableguards.identity import fx_home
+from stableguards.identity.distributed import wrapper_map
 from stableguards.identity.names import by_state, parametrized
 
 
@@ -41,6 +42,10 @@ def reduce(obj: Any, torch_reduce: Callable[[], Any], pickler: Any) -> Any:
         path = code_path(obj)
         if path is not None:
             return code_at, path
+    if isinstance(obj, type) and (wrapper := wrapper_map(obj)):
+        # A class torch made to wrap another (fully_shard's FSDP<Block>): the one its map
+        # keeps for the wrapped class in a restarted process (identity.distributed).
+        return wrapper_class_at, wrapper
     if isinstance(obj, type) and (home := fx_home.home_of_class(obj)):
         # A graph module's class (torch.fx makes one per graph, local to its __new__): by its
         # home's name, rebuilt against the class registered there in a restarted process.
@@ -168,6 +173,15 @@ def _parametrized_module(base: type, names: tuple[str, ...]) -> Any:
 
 def _parametrized_class(base: type, names: tuple[str, ...]) -> type:
     return type(_parametrized_module(base, names))
+
+
+def wrapper_class_at(module: str, name: str, wrapped: type) -> type:
+    """The class torch's map ``module.name`` keeps for ``wrapped``; where it keeps none (nothing
+    was wrapped so far), a class of that name no object has, so the check on it fails."""
+    import importlib
+
+    found = getattr(importlib.import_module(module), name).get(wrapped)
+    return found if found is not None else type(f"NotYetWrapped{wrapped.__name__}", (), {})
 
 
 def new_object(cls: type) -> Any:

@@ -77,3 +77,23 @@ def test_the_class_fully_shard_makes_is_told_by_what_it_wraps_and_found_again_th
         assert identity(lookalike) is None
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
+def test_a_module_fully_shard_wrapped_is_saved_as_an_instance_of_its_class():
+    """FSDPModule.__new__ makes an instance of the wrapped class: pickled as is, a sharded
+    module comes back as a plain one, and a check on its class never passes."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from stableguards.warm_start.pickling import reduce
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        block = fully_shard(Block())
+        rebuild, args, *_ = reduce(block, lambda: NotImplemented, None)
+        assert type(rebuild(*args)) is type(block)  # made bare; pickle sets its state next
+        assert type(type(block)(*())) is Block  # what pickle's default would have made
+    finally:
+        dist.destroy_process_group()
+

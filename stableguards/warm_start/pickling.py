@@ -66,6 +66,12 @@ def reduce(obj: Any, torch_reduce: Callable[[], Any], pickler: Any) -> Any:
         # first call (ID_ON_FIRST_CALL).
         return new_object, (type(obj),), vars(obj), None, None, _set_attributes
     reduced = torch_reduce()
+    if reduced is NotImplemented and wrapper_map(type(obj)):
+        # A module of such a class: pickle makes it with the class's __new__, which fully_shard's
+        # FSDPModule turns into an instance of the wrapped class.  Made bare instead, its state
+        # set as pickle sets it.
+        _, args, *rest = obj.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
+        return (_bare_object, args[:1], *rest)
     if isinstance(reduced, tuple) and getattr(reduced[0], "__name__", None) == "_unpickle_tensor":
         # torch saves a tensor as ``empty_like`` on meta, which drops a view's storage offset (and
         # a non-dense tensor's strides): a guard rebuilt on it (``L['y'].storage_offset() == 2``)

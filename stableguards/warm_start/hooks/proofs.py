@@ -89,7 +89,7 @@ def live_proof(guard_manager: Any, builder: Any, sorted_guards: list, output_gra
                              value, bound.bound_here))
     rechecks = [Recheck(global_module_hooks(sys.modules[_NN_MODULE], identities))]
     rechecks += [Recheck(module_hooks(value(source), source, identities))
-                 for source in _module_sources(tree)]
+                 for source in _module_sources(tree) if not _hooks_run_outside(source, value, builder.f_code)]
     copies = {id(vars(obj)): leaf.source for leaf in tree if module_copy(obj := _value_or_none(value, leaf.source))}
     for module, names in _builtins_read([(builder.f_code, output_graph.global_scope), *traced.inlined], copies):
         scope = vars(sys.modules[module]) if module in sys.modules else vars(value(module))
@@ -306,6 +306,14 @@ def _module_sources(tree: list[Leaf]) -> list[str]:
 
     return list(dict.fromkeys(leaf.source for leaf in tree if isinstance(leaf.guarded_type, type)
                               and issubclass(leaf.guarded_type, torch.nn.Module)))
+
+
+def _hooks_run_outside(source: str, value: Callable[[str], Any], code: Any) -> bool:
+    """Whether the frame is the ``forward`` of the module at ``source`` (``L['self']``): its
+    hooks ran around the frame, in the caller's ``__call__``, never in the compiled code
+    (the blocks ``fully_shard`` wraps, whose hooks are FSDP's state's bound methods)."""
+    forward = getattr(type(_value_or_none(value, source)), "forward", None) if source == "L['self']" else None
+    return getattr(forward, "__code__", None) is code
 
 
 def _value_or_none(value: Callable[[str], Any], source: str) -> Any:

@@ -3,9 +3,9 @@ distributed tests: a 4-block transformer stack wrapped as each setting says, com
 a few optimizer steps, and compared with the same wrapped model run uncompiled.
 
     RANK=r WORLD_SIZE=n MASTER_ADDR=127.0.0.1 MASTER_PORT=p \\
-        python bench/_distributed_child.py BACKEND SETTING [SETTING ...]
+        python bench/_distributed_child.py [--small] BACKEND SETTING [SETTING ...]
 
-Settings run one after another in one process group (``torch._dynamo.reset()`` between them):
+``--small``: 2 blocks of width 32 (the tests').  Settings run one after another in one process group (``torch._dynamo.reset()`` between them):
 single, ddp_plain (``optimize_ddp=False``), ddp (DDPOptimizer), fsdp2, tp, collectives.
 Prints one JSON line: per setting, the frames Dynamo traced (by code name), the FX-graph and
 AOTAutograd cache counters, the wall seconds from ``torch.compile()`` to the first finished
@@ -170,4 +170,7 @@ def main(backend: str, settings: list[str]) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], sys.argv[2:])))
+    args = sys.argv[1:]
+    if args[0] == "--small":
+        DIM, BLOCKS, args = 32, 2, args[1:]
+    print(json.dumps(main(args[0], args[1:])))

@@ -679,6 +679,10 @@ def test_a_warm_tree_may_prove_more_never_less():
     warm = [cold[0], Fact("G['K']", "EQUALS_MATCH", "G['K'] == 3")]
     assert unproven(cold, warm) == [cold[1]]
     assert "G['K'] == 2" in explain_unproven([cold[1]], warm) and "G['K'] == 3" in explain_unproven([cold[1]], warm)
+    long_cold = Fact("G['c']", "ID_MATCH", "x" * 200 + "=object()")
+    long_warm = Fact("G['c']", "ID_MATCH", "x" * 200 + "=bool:True")
+    said = explain_unproven([long_cold], [long_warm])  # where they differ, not their common start
+    assert "=object()" in said and "=bool:True" in said
 
 
 # --- unguarded facts ---------------------------------------------------------------------

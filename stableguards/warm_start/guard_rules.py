@@ -248,8 +248,16 @@ def explain_unproven(missing: list[Fact], warm: Iterable[Fact]) -> str:
     """Name the first fact the warm tree lacks, and what it has on that source instead."""
     first = missing[0]
     instead = [f.claim for f in warm if f.source == first.source and f.kind == first.kind]
-    text = f"{first.kind} on {first.source} proved {_short(first.claim)!r} in the cold process"
-    text += f", here {_short(instead[0])!r}" if instead else ", and has no counterpart here"
+    if not instead:
+        text = f"{first.kind} on {first.source} proved {_short(first.claim)!r} in the cold process, and has no " \
+               "counterpart here"
+    else:  # from where the two claims first differ: a long claim's common start says nothing
+        start = next((i for i, (a, b) in enumerate(zip(first.claim, instead[0])) if a != b),
+                     min(len(first.claim), len(instead[0])))
+        cut = max(0, start - 20)
+        cold, warm_claim = (("..." if cut else "") + claim[cut:] for claim in (first.claim, instead[0]))
+        text = (f"{first.kind} on {first.source} proved {_short(cold)!r} in the cold process, "
+                f"here {_short(warm_claim)!r}")
     return text + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
 
 

@@ -1,0 +1,58 @@
+"""Distributed training across a restart, flag on: two gloo ranks on CPU, each with its own empty
+cache dir, sharing one store, run one job with several settings (bench/_distributed_child.py
+--small: a 2-block transformer stack trained three SGD steps, compared with the same wrapped
+model uncompiled).  Cold, then a restart: every rank equals its uncompiled run; compiled
+collectives and FSDP2 trace nothing in the restart; a frame DDP's graph split compiles is
+traced again and named in explain() with why.  (bench/distributed.py measures every setting,
+flag off beside on.)"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from _children import child_env, last_json, requires_warm_start
+
+CHILD = Path(__file__).parents[1] / "bench" / "_distributed_child.py"
+SETTINGS = ("collectives", "fsdp2", "ddp")
+
+
+def _job(root: Path, run: str) -> list[dict]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, str(CHILD), "--small", "inductor", *SETTINGS],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=CHILD.parent,
+                              env=child_env(root / f"{run}-{rank}", drop=("STABLEGUARDS_",),
+                                            TORCHDYNAMO_STABLE_GUARDS="1", STABLEGUARDS_STORE=str(root / "store"),
+                                            RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                            MASTER_PORT=str(port), OMP_NUM_THREADS="1"))
+             for rank in range(2)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err[-4000:]
+        results.append(last_json(out))
+    return results
+
+
+@requires_warm_start
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
+def test_a_restarted_distributed_job_starts_warm_on_every_rank(tmp_path):
+    cold = _job(tmp_path, "cold")
+    warm = _job(tmp_path, "warm")
+    for label, job in (("cold", cold), ("warm", warm)):
+        for rank, result in enumerate(job):
+            wrong = [s for s, r in result["settings"].items() if not r["ok"]]
+            assert not wrong, (label, rank, wrong, result["explain"])
+    for rank, result in enumerate(warm):
+        settings = result["settings"]
+        assert settings["collectives"]["traced"] == [] and settings["fsdp2"]["traced"] == [], (rank, result)
+        # DDPOptimizer's frames are traced again, each named with why.
+        left_out = result["explain"].count("compiled under DDP's graph split (DDPOptimizer)")
+        assert settings["ddp"]["traced"] and left_out >= len(settings["ddp"]["traced"]), (rank, result["explain"])

@@ -4,16 +4,18 @@ hits, and the first step's wall seconds, cold and warm.
 Each rank is a process of a gloo process group (CPU) with its own empty local cache dir, as on
 its own machine; flag on, the ranks share one store (STABLEGUARDS_STORE: a directory, or with
 ``--redis`` a redis-server started here on a free loopback port).  bench/_distributed_child.py
-runs every setting in one process group: a 4-block transformer stack trained a few SGD steps
+runs each setting in a job of its own: a 4-block transformer stack trained a few SGD steps
 as is (single), under DDP without and with DDPOptimizer, under FSDP2 and tensor parallel, and a
 function with collectives.  "cold": the ranks start on empty dirs; "warm": all restart.
+Each row's jobs run apart, as a restarted job's do: a process serves one code object the
+entries of one key only, so a second setting compiling the same code there would compile.
 Columns per setting and flag: frames traced per rank (max over ranks), FX/AOT cache hits,
 misses and bypasses in the warm run (summed over ranks), first-step wall seconds (slowest rank:
 ``torch.compile()`` to the first finished optimizer step), warm/cold, and whether every rank
 equalled its uncompiled run.
 
     python bench/distributed.py                       # every setting, 2 ranks, inductor
-    python bench/distributed.py --settings ddp fsdp2 --backend aot_eager --redis
+    python bench/distributed.py --settings ddp fsdp2 --redis   # the store in Redis
 
 Writes bench/out/distributed.json.
 """
@@ -57,21 +59,23 @@ def run_job(ranks: int, flag: str, store: str | None, dirs: list[Path], backend:
     return results
 
 
-def measure(ranks: int, flag: str, workdir: Path, redis_url: str | None, backend: str,
-            settings: list[str]) -> list[dict]:
-    dirs = [workdir / f"flag{flag}-rank{r}" for r in range(ranks)]
+def measure(ranks: int, flag: str, workdir: Path, redis_url: str | None, backend: str, setting: str) -> dict:
+    """One setting, flag off or on: a cold job, then a restart, each its own processes (a
+    process that compiled one setting's code would serve it to the next: one job, one setting)."""
+    dirs = [workdir / f"{setting}-flag{flag}-rank{r}" for r in range(ranks)]
     store = None
     if flag == "1":
         if redis_url:
             import redis
 
             redis.Redis.from_url(redis_url).flushdb()
-        store = redis_url or str(workdir / "store")
-    cold = run_job(ranks, flag, store, dirs, backend, settings)
-    warm = run_job(ranks, flag, store, dirs, backend, settings)
-    return [{"setting": s, "flag": "on" if flag == "1" else "off", "store": ("redis" if redis_url else "directory")
-             if store else "-", "ranks": ranks, "cold": [r["settings"][s] for r in cold],
-             "warm": [r["settings"][s] for r in warm], "explain": [r["explain"] for r in warm]} for s in settings]
+        store = redis_url or str(workdir / f"{setting}-store")
+    cold = run_job(ranks, flag, store, dirs, backend, [setting])
+    warm = run_job(ranks, flag, store, dirs, backend, [setting])
+    return {"setting": setting, "flag": "on" if flag == "1" else "off",
+            "store": ("redis" if redis_url else "directory") if store else "-", "ranks": ranks,
+            "cold": [r["settings"][setting] for r in cold], "warm": [r["settings"][setting] for r in warm],
+            "explain": [r["explain"] for r in warm]}
 
 
 def _count(row: dict, kind: str) -> int:
@@ -116,8 +120,11 @@ def main(argv: list[str] | None = None) -> int:
         with redis_store(Path(tmp)) as url:
             if args.redis and url is None:
                 raise SystemExit("--redis: no redis-server on PATH")
-            for flag in ("1" if f == "on" else "0" for f in args.flags):
-                rows += measure(args.ranks, flag, Path(tmp), url if args.redis else None, args.backend, args.settings)
+            for setting in args.settings:
+                for flag in ("1" if f == "on" else "0" for f in args.flags):
+                    rows.append(measure(args.ranks, flag, Path(tmp), url if args.redis else None, args.backend,
+                                        setting))
+                    print(aligned(COLUMNS, rows[-1:]).splitlines()[-1], flush=True)
     rows.sort(key=lambda r: (SETTINGS.index(r["setting"]), r["flag"]))
     print(aligned(COLUMNS, rows))
     for row in rows:

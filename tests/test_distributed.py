@@ -8,7 +8,6 @@ flag off beside on.)"""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys

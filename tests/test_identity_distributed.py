@@ -19,12 +19,14 @@ def test_a_config_context_var_is_its_path_and_its_value():
         pytest.skip("this torch keeps no ContextVar in its config")
     var = entry.user_override
     unset = identity(var)
-    assert unset == "contextvar:torch.compiler.config.compile_on_one_rank.user_override=object()"
-    token = var.set(True)
+    assert unset == "contextvar:torch.compiler.config.compile_on_one_rank.user_override=bool:False"
+    token = var.set(False)
     try:
-        assert identity(var) == unset.replace("object()", "bool:True")  # another value: another identity
+        assert identity(var) == unset  # set to what the default is: the value code reads is the same
     finally:
         var.reset(token)
+    with config.patch(compile_on_one_rank=True):
+        assert identity(var) == unset.replace("bool:False", "bool:True")  # another value: another identity
     assert identity(contextvars.ContextVar("compile_on_one_rank")) is None  # a look-alike no config holds
 
 

@@ -3,11 +3,12 @@
 * A ``ContextVar`` that one of torch's config modules holds for an entry
   (``torch.compiler.config``'s ``compile_on_one_rank``: functional collectives
   read it): the config module's import name, the entry's name and attribute,
-  and the value the variable holds.  Sound: Dynamo's ``ID_MATCH`` on it proved
+  and the value the config reads through it.  Sound: Dynamo's ``ID_MATCH`` on it proved
   "this is the variable the config entry holds"; a config module is imported
   under one name in every process and makes each entry's variable once, so the
-  same path names the same variable there.  The value is said too, which proves
-  more than the id did (what the compile read from it is guarded apart).
+  same path names the same variable there.  The config's value is said too,
+  which proves more than the id did: set explicitly or left to its default, a
+  value the trace read from it is the same.
 * A class torch made at run time to wrap a module's class (``fully_shard``'s
   ``FSDP<Block>``, ``replicate``'s): the map torch keeps it in, the identities of
   its bases (torch's wrapper class, the wrapped class) and of its own namespace.
@@ -60,7 +61,9 @@ def config_var(var: contextvars.ContextVar, describe: Callable[[Any], str | None
         for key, entry in getattr(module, "_config", {}).items():
             for attribute, held in vars(entry).items() if hasattr(entry, "__dict__") else ():
                 if held is var and sys.modules.get(name) is module:
-                    value = describe(var.get(_UNSET))
+                    # The value code reads: the config's, whether the variable holds it (set, or
+                    # patched for a while) or the default does (unset).
+                    value = describe(getattr(module, key) if attribute == "user_override" else var.get(_UNSET))
                     return None if value is None else f"contextvar:{name}.{key}.{attribute}={value}"
     return None
 

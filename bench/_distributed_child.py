@@ -5,7 +5,8 @@ a few optimizer steps, and compared with the same wrapped model run uncompiled.
     RANK=r WORLD_SIZE=n MASTER_ADDR=127.0.0.1 MASTER_PORT=p \\
         python bench/_distributed_child.py [--small] BACKEND SETTING [SETTING ...]
 
-``--small``: 2 blocks of width 32 (the tests').  Settings run one after another in one process group (``torch._dynamo.reset()`` between them):
+``--small``: 2 blocks of width 32 (the tests').  Settings run one after another in one
+process group (``torch._dynamo.reset()`` between them):
 single, ddp_plain (``optimize_ddp=False``), ddp (DDPOptimizer), fsdp2, tp, collectives.
 Prints one JSON line: per setting, the frames Dynamo traced (by code name), the FX-graph and
 AOTAutograd cache counters, the wall seconds from ``torch.compile()`` to the first finished

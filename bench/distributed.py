@@ -25,13 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from columns import aligned
-from fleet import _free_port, redis_store
+from fleet import fresh_store, redis_store, run_ranks
 
 HERE = Path(__file__).resolve().parent
 SETTINGS = ("single", "ddp_plain", "ddp", "fsdp2", "tp", "collectives")
@@ -39,37 +38,15 @@ SETTINGS = ("single", "ddp_plain", "ddp", "fsdp2", "tp", "collectives")
 
 def run_job(ranks: int, flag: str, store: str | None, dirs: list[Path], backend: str,
             settings: list[str]) -> list[dict]:
-    port = _free_port()
-    procs = []
-    for rank in range(ranks):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("STABLEGUARDS_", "TORCH_COMPILE_JOB_ID"))}
-        env.update(TORCHINDUCTOR_CACHE_DIR=str(dirs[rank]), TORCHDYNAMO_STABLE_GUARDS=flag, RANK=str(rank),
-                   WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONHASHSEED="random",
-                   OMP_NUM_THREADS="1")
-        if store:
-            env["STABLEGUARDS_STORE"] = store
-        procs.append(subprocess.Popen([sys.executable, str(HERE / "_distributed_child.py"), backend, *settings],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results = []
-    for proc in procs:
-        out, err = proc.communicate()
-        if proc.returncode != 0:
-            raise RuntimeError(f"a rank failed:\n{err[-4000:]}")
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
+    # One thread per rank: the ranks share the machine's cores.
+    return run_ranks(ranks, flag, store, dirs, "_distributed_child.py", (backend, *settings), {"OMP_NUM_THREADS": "1"})
 
 
 def measure(ranks: int, flag: str, workdir: Path, redis_url: str | None, backend: str, setting: str) -> dict:
     """One setting, flag off or on: a cold job, then a restart, each its own processes (a
     process that compiled one setting's code would serve it to the next: one job, one setting)."""
     dirs = [workdir / f"{setting}-flag{flag}-rank{r}" for r in range(ranks)]
-    store = None
-    if flag == "1":
-        if redis_url:
-            import redis
-
-            redis.Redis.from_url(redis_url).flushdb()
-        store = redis_url or str(workdir / f"{setting}-store")
+    store = fresh_store(flag, redis_url, workdir / f"{setting}-store")
     cold = run_job(ranks, flag, store, dirs, backend, [setting])
     warm = run_job(ranks, flag, store, dirs, backend, [setting])
     return {"setting": setting, "flag": "on" if flag == "1" else "off",

@@ -66,16 +66,32 @@ def redis_store(workdir: Path) -> Iterator[str | None]:
         proc.wait(timeout=10)
 
 
-def run_ranks(n: int, flag: str, store: str | None, dirs: list[Path]) -> list[dict]:
+def fresh_store(flag: str, redis_url: str | None, directory: Path) -> str | None:
+    """The store a job uses: none flag off; flag on the Redis (emptied first), else ``directory``."""
+    if flag != "1":
+        return None
+    if redis_url:
+        import redis
+
+        redis.Redis.from_url(redis_url).flushdb()
+    return redis_url or str(directory)
+
+
+def run_ranks(n: int, flag: str, store: str | None, dirs: list[Path], child: str = "_fleet_child.py",
+              args: tuple[str, ...] = (), extra: dict[str, str] | None = None) -> list[dict]:
+    """``child`` (in bench/) run as the ``n`` ranks of one gloo job, each on its cache dir in
+    ``dirs``, with the flag and the store given and ``extra`` in its environment: what each
+    printed last, as JSON."""
     port = _free_port()
     procs = []
     for rank in range(n):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("STABLEGUARDS_", "TORCH_COMPILE_JOB_ID"))}
         env.update(TORCHINDUCTOR_CACHE_DIR=str(dirs[rank]), TORCHDYNAMO_STABLE_GUARDS=flag, RANK=str(rank),
-                   WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONHASHSEED="random")
+                   WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONHASHSEED="random",
+                   **(extra or {}))
         if store:
             env["STABLEGUARDS_STORE"] = store
-        procs.append(subprocess.Popen([sys.executable, str(HERE / "_fleet_child.py")], env=env,
+        procs.append(subprocess.Popen([sys.executable, str(HERE / child), *args], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = []
     for proc in procs:
@@ -103,13 +119,7 @@ def store_bytes(store: str) -> tuple[int, int]:
 
 def measure(n: int, flag: str, workdir: Path, redis_url: str | None) -> dict:
     dirs = [workdir / f"n{n}-flag{flag}-rank{r}" for r in range(n)]
-    store = None
-    if flag == "1":
-        if redis_url:
-            import redis
-
-            redis.Redis.from_url(redis_url).flushdb()
-        store = redis_url or str(workdir / f"n{n}-store")
+    store = fresh_store(flag, redis_url, workdir / f"n{n}-store")
     cold = run_ranks(n, flag, store, dirs)
     warm = run_ranks(n, flag, store, dirs)
     blobs, entries = store_bytes(store) if store else (0, 0)

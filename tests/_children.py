@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,23 @@ def run_child(args: list, env: dict[str, str], **kwargs) -> dict:
     proc = subprocess.run([sys.executable, *map(str, args)], env=env, capture_output=True, text=True, **kwargs)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return last_json(proc.stdout)
+
+
+def gloo_job(args: list, env_of: Callable[[int, str], dict[str, str]], ranks: int = 2, **kwargs) -> list[dict]:
+    """``python *args`` once per rank of a job on a free loopback port, with ``env_of(rank,
+    port)`` as each rank's environment: what each rank printed last, as JSON, in rank order.
+    Each must exit 0.  ``kwargs`` go to ``subprocess.Popen`` (cwd)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    procs = [subprocess.Popen([sys.executable, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env_of(rank, port), **kwargs) for rank in range(ranks)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err[-4000:]
+        results.append(last_json(out))
+    return results
 
 
 def last_json(stdout: str) -> dict:

@@ -8,36 +8,21 @@ flag off beside on.)"""
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from _children import child_env, last_json, requires_warm_start
+from _children import child_env, gloo_job, requires_warm_start
 
 CHILD = Path(__file__).parents[1] / "bench" / "_distributed_child.py"
 SETTINGS = ("collectives", "fsdp2", "ddp")
 
 
 def _job(root: Path, run: str) -> list[dict]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, str(CHILD), "--small", "inductor", *SETTINGS],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=CHILD.parent,
-                              env=child_env(root / f"{run}-{rank}", drop=("STABLEGUARDS_",),
-                                            TORCHDYNAMO_STABLE_GUARDS="1", STABLEGUARDS_STORE=str(root / "store"),
-                                            RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                                            MASTER_PORT=str(port), OMP_NUM_THREADS="1"))
-             for rank in range(2)]
-    results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=900)
-        assert proc.returncode == 0, err[-4000:]
-        results.append(last_json(out))
-    return results
+    return gloo_job([CHILD, "--small", "inductor", *SETTINGS], lambda rank, port: child_env(
+        root / f"{run}-{rank}", drop=("STABLEGUARDS_",), TORCHDYNAMO_STABLE_GUARDS="1",
+        STABLEGUARDS_STORE=str(root / "store"), RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=port, OMP_NUM_THREADS="1"), cwd=CHILD.parent)
 
 
 @requires_warm_start

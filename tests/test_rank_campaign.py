@@ -20,13 +20,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from _children import last_json, requires_warm_start
+from _children import gloo_job, requires_warm_start
 import torch
 from _drawing import draw
 from hypothesis import strategies as st
@@ -82,22 +79,12 @@ def cases() -> st.SearchStrategy[Case]:
 
 
 def _ranks(root: Path, run: str, names: list[str]) -> list[dict]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("STABLEGUARDS_")}
     env.update(TORCHDYNAMO_STABLE_GUARDS="1", STABLEGUARDS_STORE=str(root / "store"), PYTHONHASHSEED="random",
-               PYTHONDONTWRITEBYTECODE="1", WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    procs = [subprocess.Popen([sys.executable, str(CHILD), str(root / "src"), *names], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True,
-                              env={**env, "RANK": str(rank), "TORCHINDUCTOR_CACHE_DIR": str(root / f"{run}-{rank}")})
-             for rank in range(WORLD)]
-    results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=900)
-        assert proc.returncode == 0, err[-4000:]
-        results.append(last_json(out))
-    return results
+               PYTHONDONTWRITEBYTECODE="1", WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1")
+    return gloo_job([CHILD, root / "src", *names], lambda rank, port: {
+        **env, "MASTER_PORT": port, "RANK": str(rank), "TORCHINDUCTOR_CACHE_DIR": str(root / f"{run}-{rank}")},
+        ranks=WORLD)
 
 
 def _lie(store: Path) -> int:

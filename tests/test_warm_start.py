@@ -888,3 +888,42 @@ def test_the_mega_cache_and_torchs_cache_counters_mean_what_they_mean_without_th
     on = _hot_load_counts(True)
     assert on == off
     assert off[1] == (1, 1, 1, 1, False)  # after the load: both caches hit (counts add up), nothing new
+
+
+MODULE_FORWARD = textwrap.dedent("""
+    import json, os, sys, torch
+    sys.path.insert(0, sys.argv[1])
+    from _traced import names
+    torch._dynamo.config.stable_guards = True
+    import stableguards
+
+    class Calls(torch.nn.Module):  # its forward calls its own module: its hooks run inside
+        def forward(self, x, depth: int):
+            return self(x, depth - 1) if depth else x * 2
+
+    class Plain(torch.nn.Module):  # its hooks run around its forward, never inside it
+        def forward(self, x, depth: int):
+            return x.sin() + depth
+
+    x = torch.ones(4)
+    out = {}
+    for cls in (Calls, Plain):
+        m = cls()
+        if os.environ.get("HOOKED"):
+            m.register_forward_hook(lambda mod, args, result: result + 100)
+        before = len(names())
+        got = torch.compile(m.forward)(x, 1)
+        out[cls.__name__] = {"ok": bool(torch.equal(got, m.forward(x, 1))), "traced": len(names()) > before}
+    print(json.dumps(out))
+""")
+
+
+@requires_warm_start
+def test_a_modules_own_hooks_are_checked_only_where_its_forward_calls_it(tmp_path):
+    """A frame that is a module's forward runs none of that module's hooks (they run around
+    it): a hook added there does not keep the entry from serving.  Where the forward calls its
+    own module, the hook runs inside the compiled code: the entry must not serve."""
+    _run_script(MODULE_FORWARD, tmp_path)
+    warm = _run_script(MODULE_FORWARD, tmp_path, HOOKED="1")
+    assert warm["Calls"] == {"ok": True, "traced": True}, warm
+    assert warm["Plain"] == {"ok": True, "traced": False}, warm

@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+# An nn.Module's call and forward, by code name: a module called in the compiled code.
+_MODULE_CALLS = frozenset({"_call_impl", "_wrapped_call_impl", "__call__", "forward"})
+
+
 @dataclass
 class ConstantCall:
     """An ``assume_constant_result`` call made while tracing (recorded, never repeated there),
@@ -45,10 +49,16 @@ class Traced:
     # Sources whose object's id the trace folded and used only as a key (folds.memo_key): their id
     # checks are bound on the entry's first call.
     memo_keys: set[str] = field(default_factory=set)
+    # Sources of modules called inside the compiled code (None: one without a source).
+    called_modules: set[str | None] = field(default_factory=set)
 
     def inline(self, code: Any, scope: dict, arguments: dict[str, Any]) -> None:
         """A function inlined, with its globals and its arguments (VariableTrackers)."""
         self.inlined.append((code, scope))
+        if code.co_name in _MODULE_CALLS and "self" in arguments:
+            # A module called (or its forward run) inside the compiled code: its hooks may run there.
+            source = getattr(arguments["self"], "source", None)
+            self.called_modules.add(getattr(source, "name", None) if source is not None else None)
         environ = type(os.environ)
         if code is environ.__getitem__.__code__:  # os.getenv, environ.get and `in` all come here
             key = arguments.get("key")

@@ -89,7 +89,7 @@ def live_proof(guard_manager: Any, builder: Any, sorted_guards: list, output_gra
                              value, bound.bound_here))
     rechecks = [Recheck(global_module_hooks(sys.modules[_NN_MODULE], identities))]
     rechecks += [Recheck(module_hooks(value(source), source, identities))
-                 for source in _module_sources(tree) if not _hooks_run_outside(source, value, builder.f_code)]
+                 for source in _module_sources(tree) if not _hooks_run_outside(source, value, builder.f_code, traced)]
     copies = {id(vars(obj)): leaf.source for leaf in tree if module_copy(obj := _value_or_none(value, leaf.source))}
     for module, names in _builtins_read([(builder.f_code, output_graph.global_scope), *traced.inlined], copies):
         scope = vars(sys.modules[module]) if module in sys.modules else vars(value(module))
@@ -308,11 +308,15 @@ def _module_sources(tree: list[Leaf]) -> list[str]:
                               and issubclass(leaf.guarded_type, torch.nn.Module)))
 
 
-def _hooks_run_outside(source: str, value: Callable[[str], Any], code: Any) -> bool:
-    """Whether the frame is the ``forward`` of the module at ``source`` (``L['self']``): its
-    hooks ran around the frame, in the caller's ``__call__``, never in the compiled code
-    (the blocks ``fully_shard`` wraps, whose hooks are FSDP's state's bound methods)."""
-    forward = getattr(type(_value_or_none(value, source)), "forward", None) if source == "L['self']" else None
+def _hooks_run_outside(source: str, value: Callable[[str], Any], code: Any, traced: Traced) -> bool:
+    """Whether the frame is the ``forward`` of the module at ``source`` (``L['self']``), which
+    the compiled code never calls again: its hooks ran around the frame, in the caller's
+    ``__call__``, never in the compiled code (the blocks ``fully_shard`` wraps, whose hooks
+    are FSDP's state's bound methods).  A forward that calls its own module (or any module
+    without a source) keeps the check."""
+    if source != "L['self']" or source in traced.called_modules or None in traced.called_modules:
+        return False
+    forward = getattr(type(_value_or_none(value, source)), "forward", None)
     return getattr(forward, "__code__", None) is code
 
 

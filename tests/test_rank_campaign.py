@@ -2,7 +2,8 @@
 place in its job into their graphs.
 
 Hypothesis draws functions from a small grammar: a value Dynamo folds into the graph without a
-guard (``get_rank()``, ``get_world_size()``, ``is_initialized()``, a process group's ranks,
+guard (``get_rank()``, ``get_world_size()``, ``is_initialized()``, a process group's ranks and
+its ``rank()``,
 whether CUDA is there; or a plain constant), one or two of them summed, computed in the frame
 or in a helper Dynamo inlines, and used to scale, shift, branch or slice.  Two gloo ranks
 (CPU), each with an empty cache dir of its own, share one store: cold, then warm, then warm
@@ -41,6 +42,7 @@ FOLDS = {
     "initialized": ("int(dist.is_initialized())", False),
     "group_size": ("len(dist.get_process_group_ranks(dist.group.WORLD))", False),
     "place_in_group": ("dist.get_process_group_ranks(dist.group.WORLD).index(dist.get_rank())", True),
+    "group_rank": ("dist.group.WORLD.rank()", True),  # a member Dynamo folds on the real group
     "cuda": ("int(torch.cuda.is_available())", False),
     "constant": ("1", False),
 }
@@ -107,6 +109,8 @@ def _lie(store: Path) -> int:
 def test_no_rank_is_served_another_ranks_code(batch_index, tmp_path_factory):
     seed = 3 if BATCHES == 1 else random.randrange(2**32)  # 3: a mix of every kind of fold and use
     batch = draw(cases(), CASES, seed, tries=6)
+    # Always one case that folds a group's rank() alone: nothing else keeps its entry per rank.
+    batch.append(Case(name=f"case{len(batch)}", folds=("group_rank",), use="scale", helper=False))
     root = tmp_path_factory.mktemp("ranks")
     (root / "src").mkdir()
     (root / "src" / "rank_cases.py").write_text("import torch\nimport torch.distributed as dist\n\n\n"

@@ -25,7 +25,10 @@
   and a restarted job makes its groups in the same order under the same names,
   so a group that agrees on all of them is the one the graph was traced for.
   Its rank is left out on purpose: ranks share an entry where nothing folded
-  the rank.
+  the rank.  A trace that calls ``group.rank()`` folds it (Dynamo evaluates that
+  member on the real group, unguarded): it is recorded as the call
+  ``group_rank(name)``, which the warm process makes again, and by which the
+  entry is kept per rank (``warm_start.variants``), as ``dist.get_rank()`` is.
 
 Plain Python: torch's modules are reached through ``sys.modules`` (a group exists only
 when torch.distributed is imported).
@@ -91,6 +94,13 @@ def wrapper_class(cls: type, describe: Callable[[Any], str | None]) -> str | Non
     if None in parts:
         return None
     return f"wrapper:{found[0]}.{found[1]}[{parts[1]}]#{short_digest(':'.join(parts))}"  # type: ignore[arg-type]
+
+
+def group_rank(group_name: str) -> int:
+    """This process's rank in the process group named ``group_name``: ``group.rank()`` as a
+    call of plain values, which another process makes again."""
+    c10d = sys.modules["torch.distributed.distributed_c10d"]
+    return c10d._resolve_process_group(group_name).rank()
 
 
 def process_group(group: Any) -> str | None:

@@ -18,6 +18,8 @@ from typing import Any
 
 from stableguards.hooks import operators
 from stableguards.hooks.core import Hook
+from stableguards.identity.distributed import PROCESS_GROUP, group_rank
+from stableguards.identity.names import type_name
 from stableguards.warm_start.state import STATE
 from stableguards.warm_start.traced import ConstantCall
 
@@ -90,6 +92,19 @@ def _record_folded(call: Any, self: Any, tx: Any, args: Any, kwargs: Any) -> Any
     return result
 
 
+def _record_group_member(call: Any, self: Any, tx: Any, name: str, args: Any, kwargs: Any) -> Any:
+    """A process group's ``rank()``, which Dynamo evaluates on the real group and folds without
+    a guard: recorded as the call ``group_rank(<group name>)`` (``identity.distributed``), a
+    fact of the entry and the variant it is kept under, as ``dist.get_rank()`` is.  (The
+    group's other members it folds, its size, backend, name and description, are its
+    identity.)"""
+    result = call(self, tx, name, args, kwargs)
+    traced = STATE.compiling.get().traced
+    if traced is not None and name == "rank" and type_name(group := self.as_python_constant()) == PROCESS_GROUP:
+        traced.constants.append(ConstantCall(group_rank, (group.group_name,), {}, _plain(result)))
+    return result
+
+
 def _record_context_fn(call: Any, self: Any, tx: Any, args: Any, kwargs: Any) -> Any:
     """Where a checkpointing ``context_fn`` came from (its source), for a saved entry: Dynamo
     passes it to the graph untraced and unguarded, and the entry's proof checks what the
@@ -128,7 +143,8 @@ def _process_state_functions() -> frozenset[Any]:
     if torch.distributed.is_available():
         from torch.distributed import distributed_c10d as c10d
 
-        functions |= {c10d.is_initialized, c10d.get_rank, c10d.get_world_size, c10d.get_process_group_ranks}
+        functions |= {c10d.is_initialized, c10d.get_rank, c10d.get_world_size, c10d.get_process_group_ranks,
+                      group_rank}
         functions |= {getattr(c10d, name) for name in ("_get_group_size_by_name", "_get_group_tag",
                                                        "_rank_not_in_group", "_resolve_group_name_by_ranks_and_tag")
                       if hasattr(c10d, name)}
@@ -174,4 +190,6 @@ HOOKS = [
          _record_context_fn, params=("tx", "args", "kwargs")),
     Hook("torch._dynamo.symbolic_convert", "InliningInstructionTranslator.__init__", "warm_start", _record_inlined,
          params=("parent", "code", "symbolic_locals", "funcvar")),
+    Hook("torch._dynamo.variables.script_object", "CustomClassObjectVariable.call_method", "warm_start",
+         _record_group_member, params=("tx", "name", "args", "kwargs")),
 ]

@@ -100,8 +100,11 @@ def _record_group_member(call: Any, self: Any, tx: Any, name: str, args: Any, kw
     identity.)"""
     result = call(self, tx, name, args, kwargs)
     traced = STATE.compiling.get().traced
-    if traced is not None and name == "rank" and type_name(group := self.as_python_constant()) == PROCESS_GROUP:
-        traced.constants.append(ConstantCall(group_rank, (group.group_name,), {}, _plain(result)))
+    if traced is not None and name == "rank":
+        group = self.as_python_constant()
+        group = getattr(group, "real_obj", group)  # a fake script object stands for a real group
+        if type_name(group) == PROCESS_GROUP:
+            traced.constants.append(ConstantCall(group_rank, (group.group_name,), {}, _plain(result)))
     return result
 
 

@@ -309,8 +309,26 @@ def custom_operator_registration() -> None:
     assert getattr(torch.ops, lib.ns).twice(torch.ones(2)).tolist() == [2.0, 2.0]
 
 
+def distributed_calls() -> None:
+    """In a one-rank gloo group: a DDP model compiled under DDPOptimizer (torch's default), and
+    a function that reads its process group's rank."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = DistributedDataParallel(torch.nn.Linear(4, 2))
+        torch.compile(model, backend="eager")(torch.randn(3, 4)).sum().backward()
+        x = torch.ones(2)
+        assert torch.equal(torch.compile(lambda t: t * (dist.group.WORLD.rank() + 1))(x), x)
+    finally:
+        dist.destroy_process_group()
+
+
 def workload_for(hook) -> None:
-    if hook.target == "Library.impl":
+    if hook.target in ("ConvertFrame._clone_with_backend", "CustomClassObjectVariable.call_method"):
+        distributed_calls()
+    elif hook.target == "Library.impl":
         custom_operator_registration()
     elif hook.part == "store":
         store_calls()

@@ -2,8 +2,9 @@
 # One entry point for a fresh machine: creates a virtual environment, installs
 # torch explicitly first, then this project, then runs what you asked for.
 #
-#   ./dev.sh demo    the cross-restart demo: the restart A/B table (and its PNG in bench/out/),
-#                    then warm start cold vs warm, flag off vs on
+#   ./dev.sh demo    the cross-restart demo: wall time from process start to the first step,
+#                    cold, restarted and on a new machine, flag off vs on (bench/first_step.py;
+#                    its table, and its PNG in bench/out/)
 #   ./dev.sh test    the test suite, two files at a time (arguments after it go to pytest;
 #                    -n 0 runs it in one process)
 #   ./dev.sh bench   the micro-benchmarks (allocator, import time, profile I/O, backends, key ledger,
@@ -41,9 +42,7 @@ setup() {
 case "$COMMAND" in
     demo)
         setup test,bench
-        "$PY" bench/restart_ab.py "$@"
-        echo
-        "$PY" bench/warm_start.py --workloads transformer train_step chunk_ff
+        "$PY" bench/first_step.py "$@"
         ;;
     test)
         setup test
@@ -56,8 +55,8 @@ case "$COMMAND" in
     bench)
         setup test,bench
         for script in alloc_cost import_time pgo_io backend_switch optimizer_table optimizer_guard_check \
-                      optimizer_rebuild cudagraph_static backend_call_cost key_ledger warm_start warm_step_cost \
-                      real_models fleet; do
+                      optimizer_rebuild cudagraph_static backend_call_cost key_ledger restart_ab warm_start \
+                      warm_step_cost real_models fleet distributed; do
             "$PY" "bench/$script.py"
         done
         ;;

@@ -20,6 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 import torch._dynamo.utils as dynamo_utils
 
+import models
 import stableguards
 from _traced import TRACED
 
@@ -78,20 +79,7 @@ def _timed_compile(*args, **kwargs):
 
 torch.compile = _timed_compile
 
-def _gpt2():
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64,
-                                      bos_token_id=0, eos_token_id=0))
-
-
-def _llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    return LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
-                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
-                                        max_position_embeddings=64, bos_token_id=0, eos_token_id=0,
-                                        pad_token_id=0))
+_gpt2, _llama = models.gpt2, models.llama
 
 
 # Other families, by transformers model type: tiny configs of one shape.
@@ -114,8 +102,7 @@ def _family(model_type: str):
     return lambda: auto.from_config(config)
 
 
-def _ids(n: int) -> torch.Tensor:
-    return torch.randint(0, 128, (1, n), generator=torch.Generator().manual_seed(n))
+_ids = models.ids
 
 
 def infer(build, seq2seq: bool = False):

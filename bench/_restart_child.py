@@ -11,7 +11,6 @@ then keyed by workload.
 
 from __future__ import annotations
 
-import gc
 import json
 import sys
 from pathlib import Path
@@ -35,9 +34,6 @@ def main(workload_name: str, backend: str) -> dict:
 
     compiled = torch.compile(workload.fn, backend=record if backend == "record" else backend)
     gen = torch.Generator().manual_seed(0)
-    # The compiles start from a collected heap, as timeit's code does: a full collection
-    # that importing torch left due would otherwise fall into one of them at random.
-    gc.collect()
     for call in workload.calls:
         compiled(*workload.make_args(call, gen))
     built = list(graphs)  # the workload's own graphs, before the check below compiles more
@@ -46,7 +42,6 @@ def main(workload_name: str, backend: str) -> dict:
     result = {
         "compiles": len(metrics),
         "recompiles": sum(1 for m in metrics if m.recompile_reason),
-        "compile_s": sum(m.entire_frame_compile_time_s or 0.0 for m in metrics),
         "matches_eager": matches_eager(workload, compiled),
         "explain": stableguards.explain(),
         "counters": dict(stableguards.EVENTS.counters),

@@ -13,3 +13,10 @@ def aligned(columns: Sequence[Column], rows: Sequence[Any]) -> str:
     cells = [[name for name, _ in columns]] + [[str(get(row)) for _, get in columns] for row in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in cells)
+
+
+def markdown(columns: Sequence[Column], rows: Sequence[Any]) -> str:
+    """The same table in Markdown, for docs/benchmarks.md."""
+    lines = [[name for name, _ in columns], ["---"] * len(columns)]
+    lines += [[str(get(row)) for _, get in columns] for row in rows]
+    return "\n".join("| " + " | ".join(line) + " |" for line in lines)

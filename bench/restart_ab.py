@@ -11,7 +11,9 @@ like with like on a noisy machine.
     python bench/restart_ab.py --workloads seed --backend aot_eager
     python bench/restart_ab.py --configs off on "on, symbols off" --job-id set
 
-Writes bench/out/restart_ab.json and bench/out/restart_ab.png.
+It counts; it does not time: what a restart costs a user is bench/first_step.py's wall clock.
+
+Writes bench/out/restart_ab.json.
 """
 
 from __future__ import annotations
@@ -71,46 +73,12 @@ COLUMNS = (
     ("aot miss", lambda r: r["warm"]["autograd_cache_miss"]),
     ("compiles", lambda r: r["warm"]["compiles"]),
     ("recompiles", lambda r: r["warm"]["recompiles"]),
-    ("cold s", lambda r: f"{r['cold']['compile_s']:.2f}"),
-    ("warm s", lambda r: f"{r['warm']['compile_s']:.2f}"),
-    ("warm/cold", lambda r: f"{r['warm']['compile_s'] / r['cold']['compile_s']:.2f}"),
     ("warm==eager", lambda r: "yes" if r["warm"]["matches_eager"] else "NO"),
 )
 
 
 def format_table(workload: str, rows: list[dict]) -> str:
-    return f"== {workload} (warm run; compile seconds cold and warm)\n" + aligned(COLUMNS, rows)
-
-
-def draw_chart(rows: list[dict], path: Path) -> bool:
-    """Warm compile seconds per workload and configuration; False if matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    workloads = sorted({r["workload"] for r in rows}, key=[r["workload"] for r in rows].index)
-    series = sorted({(r["config"], r["job_id"]) for r in rows},
-                    key=lambda s: (list(JOB_IDS).index(s[1]), list(CONFIGS).index(s[0])))
-    warm = {(r["workload"], r["config"], r["job_id"]): r["warm"]["compile_s"] for r in rows}
-    fig, ax = plt.subplots(figsize=(1.8 + 1.8 * len(workloads), 3.6))
-    width = 0.8 / len(series)
-    colours = {"off": "#b0b0b0", "on": "#2a7ab9", "on, symbols off": "#8cc0e6"}
-    for i, (config, job_id) in enumerate(series):
-        ax.bar([x - 0.4 + width * (i + 0.5) for x in range(len(workloads))],
-               [warm[(w, config, job_id)] for w in workloads], width=width,
-               label=f"flag {config}, job id {job_id}", color=colours[config],
-               hatch="//" if job_id == "unset" else None)
-    ax.set_xticks(list(range(len(workloads))), workloads)
-    ax.set_ylabel("warm-restart compile seconds")
-    ax.set_title("stableguards: warm restart compile time")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return f"== {workload} (the warm run's caches)\n" + aligned(COLUMNS, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,9 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += group
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "restart_ab.json").write_text(json.dumps(rows, indent=2))
-    charted = draw_chart(rows, args.out / "restart_ab.png")
-    print(f"rows: {args.out / 'restart_ab.json'}"
-          + (f", chart: {args.out / 'restart_ab.png'}" if charted else " (no matplotlib: no chart)"))
+    print(f"rows: {args.out / 'restart_ab.json'}")
     return 0
 
 

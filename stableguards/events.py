@@ -9,8 +9,11 @@ feature's own wording lives in its ``messages`` module.  Plain Python: no torch.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
-from collections.abc import Callable, Iterable
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
 
 log = logging.getLogger("stableguards")
 
@@ -29,9 +32,28 @@ class EventLog:
         self._warned: collections.OrderedDict[str, None] = collections.OrderedDict()
         # Called with each explanation as it is recorded (the TORCH_LOGS artifact).
         self.listeners: list[Callable[[str], None]] = []
+        # Wall seconds spent in each named part of our work, exclusive of the parts timed
+        # inside it, so they add up (what bench/first_step.py splits a first step into).
+        self.seconds: collections.Counter[str] = collections.Counter()
+        self._timing = threading.local()
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] += n
+
+    @contextlib.contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        """Add the wall time of the block to ``seconds[name]``, less what blocks timed inside
+        it (on this thread) took: each second is counted once, by the innermost name."""
+        stack = self._timing.__dict__.setdefault("stack", [])
+        stack.append(0.0)  # seconds of the blocks timed inside this one
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - start
+            self.seconds[name] += elapsed - stack.pop()
+            if stack:
+                stack[-1] += elapsed
 
     def note(self, text: str) -> None:
         """An explanation: why a restart missed, recompiled, bypassed or left something out."""
@@ -69,6 +91,7 @@ class EventLog:
     def reset(self) -> None:
         """Forget counters, explanations and warnings given (for tests)."""
         self.counters.clear()
+        self.seconds.clear()
         self._events.clear()
         self._warned.clear()
 

@@ -125,3 +125,14 @@ def test_a_backend_switch_names_the_component_that_differs():
     assert EVENTS.counters["backend_switches"] == 1
     assert "its code for 3 other backend(s)" in line
     assert line.endswith("differs in options['max_autotune']: True vs False")
+
+
+def test_timed_blocks_count_each_second_once_by_the_innermost_name(monkeypatch):
+    clock = iter([0.0, 1.0, 3.0, 10.0])  # outer starts, inner starts, inner ends, outer ends
+    monkeypatch.setattr("stableguards.events.time.perf_counter", lambda: next(clock))
+    log = EventLog()
+    with log.timed("outer"), log.timed("inner"):
+        pass
+    assert log.seconds == {"outer": 8.0, "inner": 2.0}
+    log.reset()
+    assert not log.seconds

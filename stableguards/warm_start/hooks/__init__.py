@@ -125,7 +125,8 @@ def _context_call(call: Any, self: Any, fn: Any) -> Any:
     # Keyed as the package records it: by the module its code runs in (for torch.fx's code,
     # the home that names its globals; for a functools.wraps wrapper, its own module).
     installed = _installed_as(target, home) if code is not None else None
-    key = _key_for(ours, installed) if code is not None else None
+    with EVENTS.timed("warm start key"):
+        key = _key_for(ours, installed) if code is not None else None
     if code is None or not _claim(code, key.digest if key is not None else None) or key is None:
         self._package = None  # torch's compile, without a package
         return call(self, fn)
@@ -143,8 +144,10 @@ def _context_call(call: Any, self: Any, fn: Any) -> Any:
 
 
 def _load_and_initialize(package: Any, installed: Any, code: Any, key: Components) -> None:
-    entry = _load(key, code) if key.digest not in STATE.saved_here else None
-    _initialize(package, installed, entry, code, key)
+    with EVENTS.timed("warm start load"):
+        entry = _load(key, code) if key.digest not in STATE.saved_here else None
+    with EVENTS.timed("warm start install"):
+        _initialize(package, installed, entry, code, key)
 
 
 def _home(target: Any) -> tuple[str | None, str]:

@@ -76,7 +76,9 @@ def compile_frame(call: Any, self: Any, frame: Any, *args: Any, **kwargs: Any) -
     ours.folded |= {(c.fn.__module__, c.fn.__qualname__, c.args, tuple(sorted(c.kwargs.items())))
                     for c in traced.constants if tracing.folds_process_state(c.fn)
                     and variants.jsonable([c.args, list(c.kwargs.values())])}
-    if _contents(package) != before and _save(package, ours, frame_name) is False:
+    with EVENTS.timed("warm start save"):
+        saved = _save(package, ours, frame_name) if _contents(package) != before else None
+    if saved is False:
         # Nothing to save: whoever waits for this entry compiles at once, now and after a restart.
         entries.LEASES.give_up(ours.key.digest, f"{frame_name} was left out of warm start, as its explain() says")
     if ours.pending is None:
@@ -189,12 +191,13 @@ def _record_artifact(call: Any, cls: Any, artifact: Any) -> None:
     packages that waited for one.  One compiled with flat inputs is recorded with what
     flattens them (``bundling.flat_inputs``)."""
     call(cls, bundling.flat_inputs(artifact))
-    for package, ours in list(STATE.ours.items()):
-        if ours.pending is not None and package.current_entry is None:  # one being compiled: when it ends
-            _save(package, ours, ours.pending.frame)
-    for record in list(STATE.orphans):  # their packages are gone: their last entries
-        if _written(record.entry, record.ours, record.frame) is not None:
-            STATE.orphans.remove(record)
+    with EVENTS.timed("warm start save"):
+        for package, ours in list(STATE.ours.items()):
+            if ours.pending is not None and package.current_entry is None:  # one being compiled: when it ends
+                _save(package, ours, ours.pending.frame)
+        for record in list(STATE.orphans):  # their packages are gone: their last entries
+            if _written(record.entry, record.ours, record.frame) is not None:
+                STATE.orphans.remove(record)
 
 
 def _bypass_package(call: Any, self: Any, reason: str = "", **kwargs: Any) -> None:

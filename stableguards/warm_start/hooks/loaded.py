@@ -8,6 +8,7 @@ import weakref
 from typing import Any
 
 from stableguards.codes import frame_label
+from stableguards.events import EVENTS
 from stableguards.hooks.core import Hook
 from stableguards.warm_start import messages
 from stableguards.warm_start.hooks import optimizer_init, proofs
@@ -35,8 +36,9 @@ def _refusal(guard_manager: Any, f_locals: dict) -> str | None:
     if loaded is None:
         return "it was loaded without its proof"
     made: list = []
-    why = proofs.verify(loaded.proof, guard_manager, loaded.guards_state, f_locals, loaded.f_globals,
-                        loaded.unguarded, made)
+    with EVENTS.timed("warm start proof"):
+        why = proofs.verify(loaded.proof, guard_manager, loaded.guards_state, f_locals, loaded.f_globals,
+                                   loaded.unguarded, made)
     if why is None:
         _lives_with([binding.get() for binding in made], guard_manager)
     return why

@@ -2,9 +2,9 @@
 
 For each workload and flag, fresh processes (bench/_first_step_child.py), inductor on CPU:
 
-* cold: an empty cache dir (TORCHINDUCTOR_CACHE_DIR) and an empty store;
-* warm: a restart on the same machine: the cold process's cache dir and store;
-* new machine: an empty cache dir of its own, the cold process's store (STABLEGUARDS_STORE, a
+* cold: an empty cache dir (TORCHINDUCTOR_CACHE_DIR) and temporary dir, and an empty store;
+* warm: a restart on the same machine: the cold process's dirs and store;
+* new machine: empty dirs of its own, the cold process's store (STABLEGUARDS_STORE, a
   directory, as a fleet shares one).  Flag off, torch has nothing to share: it starts cold.
 
 Every figure is a wall clock: "wall s" from the spawn of the process to its first step done, and
@@ -45,10 +45,14 @@ WARM_PARTS = ("warm start key", "warm start load", "warm start install", "warm s
 STEP = "the step itself"
 
 
-def run_child(workload: str, flag: str, cache_dir: Path, store: Path) -> dict:
+def run_child(workload: str, flag: str, machine: Path, store: Path) -> dict:
+    """One process on ``machine``: its cache dir, and its temporary dir, where inductor keeps
+    precompiled headers whatever the cache dir (``default_cache_dir()``)."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE") and not k.startswith("STABLEGUARDS_STORE")}
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache_dir), STABLEGUARDS_STORE=str(store), PYTHONHASHSEED="random",
+    (machine / "tmp").mkdir(parents=True, exist_ok=True)
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(machine / "cache"), TMPDIR=str(machine / "tmp"),
+               STABLEGUARDS_STORE=str(store), PYTHONHASHSEED="random",
                TORCHDYNAMO_STABLE_GUARDS="1" if flag == "on" else "0", HF_HUB_OFFLINE="1")
     env["SG_SPAWNED_AT"] = repr(time.time())
     proc = subprocess.run([sys.executable, str(HERE / "_first_step_child.py"), workload], env=env,
@@ -61,10 +65,10 @@ def run_child(workload: str, flag: str, cache_dir: Path, store: Path) -> dict:
 def measure(workload: str, flag: str, runs: list[str], tmp: Path) -> list[dict]:
     """The runs of one workload and flag, in order: cold first, on the dirs the others reuse."""
     work = Path(tempfile.mkdtemp(prefix=f"{workload}-{flag}-", dir=tmp))
-    cache, store = work / "cache", work / "store"
     rows = []
     for run in ("cold", *[r for r in runs if r != "cold"]):
-        child = run_child(workload, flag, work / "new-machine" if run == "new machine" else cache, store)
+        machine = work / ("new-machine" if run == "new machine" else "machine")
+        child = run_child(workload, flag, machine, work / "store")
         if run in runs:
             rows.append({"workload": workload, "flag": flag, "run": run, **child})
     return rows

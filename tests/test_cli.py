@@ -74,6 +74,15 @@ def test_the_hook_table_in_the_docs_is_the_registrys(capsys):
     assert doc[doc.index(begin) + len(begin):doc.index(end)] == table, "run python -m stableguards hooks"
 
 
+def test_the_tables_in_benchmarks_md_are_made_from_their_data():
+    """docs/benchmarks.md's generated tables are what bench/report.py makes from docs/data/."""
+    root = Path(__file__).resolve().parent.parent
+    assert "<!-- table: first_step -->" in (root / "docs" / "benchmarks.md").read_text()
+    proc = subprocess.run([sys.executable, str(root / "bench" / "report.py"), "check"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, "run python bench/report.py publish NAME " + proc.stderr[-2000:]
+
+
 def test_the_parts_table_in_the_readme_is_the_registrys(capsys):
     assert main(["parts"]) == 0
     table = capsys.readouterr().out.strip()

@@ -12,6 +12,9 @@ from stableguards.storage import STORE_ENV, configured
 
 FX_GRAPHS = "fx_graph"
 AOT_ENTRIES = "aot_autograd"
+# Kernel binaries by what builds them (``store.binaries``), and what was built from each source.
+KERNEL_BINARIES = "kernel_binary"
+KERNEL_SOURCES = "kernel_source"
 
 
 def serves(namespace: str) -> bool:
@@ -26,6 +29,8 @@ def serves(namespace: str) -> bool:
 
     if compiler_config.force_disable_caches:
         return False
+    if namespace == KERNEL_BINARIES:  # inductor's local cache, which has no setting of its own
+        return True
     if namespace == FX_GRAPHS:
         return inductor_config.fx_graph_remote_cache is None and bool(inductor_config.fx_graph_cache)
     return functorch_config.enable_remote_autograd_cache is None and bool(functorch_config.enable_autograd_cache)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from stableguards.events import EVENTS
 from stableguards.storage.messages import warn_unreadable, warn_unwritable
 
-_WHAT = {"fx_graph": "an inductor graph", "aot_autograd": "an AOTAutograd entry"}
+_WHAT = {"fx_graph": "an inductor graph", "aot_autograd": "an AOTAutograd entry",
+         "kernel_binary": "a compiled kernel binary"}
 
 
 def read(namespace: str) -> None:
@@ -26,3 +27,14 @@ def unreadable(namespace: str, store: str, error: Exception) -> None:
 
 def unwritable(namespace: str, store: str, error: Exception) -> None:
     warn_unwritable(_WHAT[namespace], store, error)
+
+
+def built_elsewhere(store: str, differing: list[str]) -> None:
+    """Kernels this process builds were built for the store by a machine that differs in
+    ``differing`` (another compiler, torch or platform): built here, said once."""
+    EVENTS.count("store_kernel_binary_unusable")
+    what = ", ".join(differing) or "the build command"
+    EVENTS.note(f"store: kernel binaries in {store} were built with another {what}; built here")
+    EVENTS.warn_once(f"kernel binaries {store}", f"stableguards: the kernel binaries in {store} were built with "
+                                                 f"another {what} than this machine's; this machine builds its own "
+                                                 f"(and publishes them for machines like it)")

@@ -10,8 +10,8 @@ For each workload and flag, fresh processes (bench/_first_step_child.py), induct
 Every figure is a wall clock: "wall s" from the spawn of the process to its first step done, and
 its split, which adds up to it: start and import (the interpreter, torch, transformers,
 stableguards), build (the model and its inputs), Dynamo's trace, AOTAutograd and inductor's
-compile, the C++ build of kernels (and of inductor's CPU checks), warm start's key, load, install,
-proof and save, the step itself (the same call again, compiled), and what none of these timers
+compile, the C++ build of kernels (and of inductor's CPU checks), kernel binaries fetched from the
+store and published to it, warm start's key, load, install, proof and save, the step itself (the same call again, compiled), and what none of these timers
 saw ("other": guards, Python's garbage collections, torch.compile()'s own work).  Also: frames
 Dynamo traced, FX and AOTAutograd cache hits/misses/bypasses, and whether the step equalled eager.
 
@@ -40,7 +40,7 @@ WORKLOADS = ("mlp_train", "gpt2", "llama", "gpt2_train")
 RUNS = ("cold", "warm", "new machine")
 FLAGS = ("off", "on")
 # The split's parts, in the order a process meets them; the child names torch's and ours.
-COMPILE_PARTS = ("Dynamo trace", "AOT/inductor compile", "C++ build")
+COMPILE_PARTS = ("Dynamo trace", "AOT/inductor compile", "C++ build", "kernel binary fetch", "kernel binary publish")
 WARM_PARTS = ("warm start key", "warm start load", "warm start install", "warm start proof", "warm start save")
 STEP = "the step itself"
 
@@ -103,6 +103,8 @@ def columns(rows: list[dict]) -> tuple:
         ("/cold", lambda r: f"{r['wall_s'] / _cold(rows, r)['wall_s']:.3f}"),
         part("start+import"), part("build"),
         part("Dynamo trace"), part("AOT/inductor compile"), part("C++ build"),
+        ("bin fetch", lambda r: f"{split(r)['kernel binary fetch']:.2f}"),
+        ("bin publish", lambda r: f"{split(r)['kernel binary publish']:.2f}"),
         ("ws key", lambda r: f"{split(r)['warm start key']:.2f}"),
         ("ws load", lambda r: f"{split(r)['warm start load']:.2f}"),
         ("ws install", lambda r: f"{split(r)['warm start install']:.2f}"),

@@ -4,6 +4,7 @@ unreachable Redis, a lease holder that died).  Fresh processes, torch 2.15."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -201,3 +202,26 @@ def test_an_entry_waiting_for_a_backward_that_never_comes_holds_others_briefly(t
     assert waiter["waited_s"] < 20, waiter["waited_s"]
     holder.kill()
     holder.wait()
+
+
+def test_a_new_machine_loads_the_kernel_binaries_another_built_and_refuses_altered_ones(tmp_path):
+    """Each machine its own cache dir and temporary dir (where inductor keeps precompiled
+    headers): the second builds no kernel; a third, after every stored binary was altered, is
+    warned once, builds its own, and is right."""
+    store = str(tmp_path / "store")
+
+    def machine(name: str) -> dict:
+        (tmp_path / name / "tmp").mkdir(parents=True)
+        return _run(tmp_path / name / "cache", store, TMPDIR=str(tmp_path / name / "tmp"))
+
+    cold = machine("a")
+    assert "store_kernel_binary_written=" in cold["explain"]
+    warm = machine("b")
+    assert "store_kernel_binary_read=" in warm["explain"] and "store_kernel_binary_unusable" not in warm["explain"]
+    assert not list((tmp_path / "b" / "tmp").rglob("*.gch"))  # no kernel built: no header precompiled
+    for ref in (Path(store) / "refs" / "kernel_binary").iterdir():
+        blob = Path(store) / "blobs" / json.loads(ref.read_text())["digest"]
+        blob.write_bytes(b"altered" + blob.read_bytes()[7:])
+    altered = machine("c")
+    assert "store_kernel_binary_read" not in altered["explain"]
+    assert altered["stderr"].count("a compiled kernel binary") == 1, altered["stderr"]

@@ -120,6 +120,10 @@ def train(build):
 
 WORKLOADS = {"mlp_train": mlp_train, "gpt2": infer(models.gpt2), "llama": infer(models.llama),
              "gpt2_train": train(models.gpt2)}
+# A model at another size: MODEL:LAYERS:HIDDEN (gpt2:12:768 is GPT-2 small), inference.
+if WORKLOAD.count(":") == 2:
+    _model, _layers, _hidden = WORKLOAD.split(":")
+    WORKLOADS[WORKLOAD] = infer(lambda: getattr(models, _model)(int(_layers), int(_hidden)))
 
 
 def _parts() -> dict[str, float]:
@@ -134,6 +138,20 @@ def _since(before: dict[str, float]) -> dict[str, float]:
 def _result(step, args, model) -> list[torch.Tensor]:
     out = step(*args)
     return [out.detach().clone(), *(p.detach().clone() for p in model.parameters())]
+
+
+def _per_call_us(compiled, args, calls: int) -> float | None:
+    """Microseconds a call of the compiled step takes once compiled (guards, the step), the
+    fastest of 5 batches of ``calls`` / 5 (the machine is shared and noisy); None for 0 calls."""
+    if not calls:
+        return None
+    batches = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(max(1, calls // 5)):
+            compiled(*args)
+        batches.append((time.perf_counter() - start) / max(1, calls // 5) * 1e6)
+    return min(batches)
 
 
 def main() -> dict:
@@ -156,6 +174,7 @@ def main() -> dict:
     compiled(*args)
     step_s = time.perf_counter() - start
     frames = len(TRACED)
+    per_call_us = _per_call_us(compiled, args, int(os.environ.get("SG_STEADY_CALLS", "0")))
     torch.manual_seed(0)
     eager_step, eager_args, eager_model = WORKLOADS[WORKLOAD]()
     expected = _result(eager_step, eager_args, eager_model)
@@ -168,9 +187,10 @@ def main() -> dict:
         "phases": {"start": STARTED - spawned, "import": IMPORTED - STARTED, "build": built - IMPORTED,
                    "torch.compile()": compile_returned - built, "first step": first_done - compile_returned},
         "parts": {"torch.compile()": in_compile, "first step": in_first},
-        "frames": frames, "ok": ok,
+        "frames": frames, "ok": ok, "per_call_us": per_call_us,
         "fx": [inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"], inductor["fxgraph_cache_bypass"]],
         "aot": [aot["autograd_cache_hit"], aot["autograd_cache_miss"], aot["autograd_cache_bypass"]],
+        "counters": dict(stableguards.EVENTS.counters),
         "explain": stableguards.explain() if torch._dynamo.config.stable_guards else "",
     }
 

@@ -45,7 +45,7 @@ WARM_PARTS = ("warm start key", "warm start load", "warm start install", "warm s
 STEP = "the step itself"
 
 
-def run_child(workload: str, flag: str, machine: Path, store: Path) -> dict:
+def run_child(workload: str, flag: str, machine: Path, store: Path, steady_calls: int = 0) -> dict:
     """One process on ``machine``: its cache dir, and its temporary dir, where inductor keeps
     precompiled headers whatever the cache dir (``default_cache_dir()``)."""
     env = {k: v for k, v in os.environ.items()
@@ -54,7 +54,7 @@ def run_child(workload: str, flag: str, machine: Path, store: Path) -> dict:
     env.update(TORCHINDUCTOR_CACHE_DIR=str(machine / "cache"), TMPDIR=str(machine / "tmp"),
                STABLEGUARDS_STORE=str(store), PYTHONHASHSEED="random",
                TORCHDYNAMO_STABLE_GUARDS="1" if flag == "on" else "0", HF_HUB_OFFLINE="1")
-    env["SG_SPAWNED_AT"] = repr(time.time())
+    env.update(SG_STEADY_CALLS=str(steady_calls), SG_SPAWNED_AT=repr(time.time()))
     proc = subprocess.run([sys.executable, str(HERE / "_first_step_child.py"), workload], env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0:
@@ -62,13 +62,13 @@ def run_child(workload: str, flag: str, machine: Path, store: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def measure(workload: str, flag: str, runs: list[str], tmp: Path) -> list[dict]:
+def measure(workload: str, flag: str, runs: list[str], tmp: Path, steady_calls: int = 0) -> list[dict]:
     """The runs of one workload and flag, in order: cold first, on the dirs the others reuse."""
     work = Path(tempfile.mkdtemp(prefix=f"{workload}-{flag}-", dir=tmp))
     rows = []
     for run in ("cold", *[r for r in runs if r != "cold"]):
         machine = work / ("new-machine" if run == "new machine" else "machine")
-        child = run_child(workload, flag, machine, work / "store")
+        child = run_child(workload, flag, machine, work / "store", steady_calls)
         if run in runs:
             rows.append({"workload": workload, "flag": flag, "run": run, **child})
     return rows
@@ -134,9 +134,25 @@ def ratios(rows: list[dict]) -> list[str]:
     return lines
 
 
+def steady(rows: list[dict]) -> list[str]:
+    """Per call once compiled (``--steady-calls``): a restart's loaded entry (flag on) against
+    torch's traced one (flag off), and each against its own cold run."""
+    lines = []
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        us = {(r["flag"], r["run"]): r["per_call_us"] for r in rows
+              if r["workload"] == workload and r.get("per_call_us")}
+        if ("on", "warm") in us and ("off", "warm") in us:
+            lines.append(f"{workload}: us per call, warm: flag on (loaded) {us['on', 'warm']:.0f} / flag off "
+                         f"(traced) {us['off', 'warm']:.0f} = {us['on', 'warm'] / us['off', 'warm']:.3f}; "
+                         f"cold (traced): on {us.get(('on', 'cold'), float('nan')):.0f}, "
+                         f"off {us.get(('off', 'cold'), float('nan')):.0f}")
+    return lines
+
+
 def markdown(rows: list[dict]) -> str:
     """docs/benchmarks.md's table (``bench/report.py``)."""
-    return markdown_table(columns(rows), rows) + "\n\n" + "\n".join(f"- {line}" for line in ratios(rows))
+    return markdown_table(columns(rows), rows) + "\n\n" + "\n".join(f"- {line}"
+                                                                   for line in ratios(rows) + steady(rows))
 
 
 def draw_chart(rows: list[dict], path: Path) -> bool:
@@ -173,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=RUNS)
     parser.add_argument("--flags", nargs="+", default=list(FLAGS), choices=FLAGS)
+    parser.add_argument("--steady-calls", type=int, default=0,
+                        help="also time this many calls once compiled, per process (per call: the fastest fifth)")
     parser.add_argument("--out", type=Path, default=HERE / "out")
     args = parser.parse_args(argv)
     import torch
@@ -183,12 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="sg-first-step-") as tmp:
         for workload in args.workloads:
             for flag in args.flags:
-                new = measure(workload, flag, args.runs, Path(tmp))
+                new = measure(workload, flag, args.runs, Path(tmp), args.steady_calls)
                 rows += new
                 print("\n".join(aligned(columns(rows), rows).splitlines()[-len(new):]), flush=True)
     print()
     print(aligned(columns(rows), rows))
-    print("\n".join(ratios(rows)))
+    print("\n".join(ratios(rows) + steady(rows)))
     path = report.write(args.out, "first_step", rows, [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
     charted = draw_chart(rows, args.out / "first_step.png")
     print(f"rows: {path}" + (f", chart: {args.out / 'first_step.png'}" if charted else " (no matplotlib: no chart)"))

@@ -225,6 +225,7 @@ def _load(key: Components, code: Any) -> Any:
             if differences := entries.changed(key, code):
                 messages.missed(frame_label(code), differences)
             return None
+        EVENTS.count("warm_start_loaded_bytes", len(data))
         return _read_entry(data)
     except Exception as error:  # noqa: BLE001 - a corrupt, foreign, unsigned entry or an unreachable store
         store_messages.warn_unreadable("a saved compiled entry", entries.store().describe(), error)

@@ -38,7 +38,8 @@ def _refusal(guard_manager: Any, f_locals: dict) -> str | None:
     made: list = []
     with EVENTS.timed("warm start proof"):
         why = proofs.verify(loaded.proof, guard_manager, loaded.guards_state, f_locals, loaded.f_globals,
-                                   loaded.unguarded, made)
+                            loaded.unguarded, made)
+    EVENTS.count("warm_start_facts_checked", len(loaded.proof.facts) if loaded.proof is not None else 0)
     if why is None:
         _lives_with([binding.get() for binding in made], guard_manager)
     return why

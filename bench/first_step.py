@@ -11,7 +11,8 @@ Every figure is a wall clock: "wall s" from the spawn of the process to its firs
 its split, which adds up to it: start and import (the interpreter, torch, transformers,
 stableguards), build (the model and its inputs), Dynamo's trace, AOTAutograd and inductor's
 compile, the C++ build of kernels (and of inductor's CPU checks), kernel binaries fetched from the
-store and published to it, warm start's key, load, install, proof and save, the step itself (the same call again, compiled), and what none of these timers
+store and published to it, warm start's guards (saved with their proof, cold), key, load, install,
+proof and save, the step itself (the same call again, compiled), and what none of these timers
 saw ("other": guards, Python's garbage collections, torch.compile()'s own work).  Also: frames
 Dynamo traced, FX and AOTAutograd cache hits/misses/bypasses, and whether the step equalled eager.
 
@@ -24,8 +25,10 @@ Writes bench/out/first_step.json (and first_step.png with matplotlib).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,7 +44,7 @@ RUNS = ("cold", "warm", "new machine")
 FLAGS = ("off", "on")
 # The split's parts, in the order a process meets them; the child names torch's and ours.
 COMPILE_PARTS = ("Dynamo trace", "AOT/inductor compile", "C++ build", "kernel binary fetch", "kernel binary publish")
-WARM_PARTS = ("warm start key", "warm start load", "warm start install", "warm start proof", "warm start save")
+WARM_PARTS = ("warm start guards", "warm start key", "warm start load", "warm start install", "warm start proof", "warm start save")
 STEP = "the step itself"
 
 
@@ -88,7 +91,11 @@ def split(row: dict) -> dict[str, float]:
 
 def _cold(rows: list[dict], row: dict) -> dict:
     return next(r for r in rows if r["workload"] == row["workload"] and r["flag"] == row["flag"]
-                and r["run"] == "cold")
+                and r["run"] == "cold" and r.get("repeat", 0) == row.get("repeat", 0))
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
 
 
 def columns(rows: list[dict]) -> tuple:
@@ -105,6 +112,7 @@ def columns(rows: list[dict]) -> tuple:
         part("Dynamo trace"), part("AOT/inductor compile"), part("C++ build"),
         ("bin fetch", lambda r: f"{split(r)['kernel binary fetch']:.2f}"),
         ("bin publish", lambda r: f"{split(r)['kernel binary publish']:.2f}"),
+        ("ws guards", lambda r: f"{split(r)['warm start guards']:.2f}"),
         ("ws key", lambda r: f"{split(r)['warm start key']:.2f}"),
         ("ws load", lambda r: f"{split(r)['warm start load']:.2f}"),
         ("ws install", lambda r: f"{split(r)['warm start install']:.2f}"),
@@ -120,12 +128,18 @@ def columns(rows: list[dict]) -> tuple:
 
 
 def ratios(rows: list[dict]) -> list[str]:
-    """Flag on against off, cold; and each restart against its own cold run."""
+    """Flag on against off, cold; and each restart against its own cold run: medians over the
+    repeats (``--repeat``), each of which ran flag off and on in turn."""
     lines = []
     for workload in dict.fromkeys(r["workload"] for r in rows):
-        wall = {(r["flag"], r["run"]): r["wall_s"] for r in rows if r["workload"] == workload}
+        walls: dict[tuple[str, str], list[float]] = {}
+        for r in rows:
+            if r["workload"] == workload:
+                walls.setdefault((r["flag"], r["run"]), []).append(r["wall_s"])
+        wall = {k: _median(v) for k, v in walls.items()}
         if ("off", "cold") in wall and ("on", "cold") in wall:
-            lines.append(f"{workload}: cold, flag on / off = {wall['on', 'cold'] / wall['off', 'cold']:.3f}")
+            lines.append(f"{workload}: cold, flag on / off = {wall['on', 'cold'] / wall['off', 'cold']:.3f}"
+                         + (f" (medians of {len(walls['on', 'cold'])})" if len(walls["on", "cold"]) > 1 else ""))
         for flag in FLAGS:
             for run in RUNS[1:]:
                 if (flag, run) in wall:
@@ -189,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=RUNS)
     parser.add_argument("--flags", nargs="+", default=list(FLAGS), choices=FLAGS)
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run each workload's processes this many times, flag off and on in turn; ratios of medians")
     parser.add_argument("--steady-calls", type=int, default=0,
                         help="also time this many calls once compiled, per process (per call: the fastest fifth)")
     parser.add_argument("--out", type=Path, default=HERE / "out")
@@ -200,8 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="sg-first-step-") as tmp:
         for workload in args.workloads:
-            for flag in args.flags:
-                new = measure(workload, flag, args.runs, Path(tmp), args.steady_calls)
+            for repeat, flag in itertools.product(range(args.repeat), args.flags):
+                new = [{**row, "repeat": repeat} for row in measure(workload, flag, args.runs, Path(tmp),
+                                                                     args.steady_calls)]
                 rows += new
                 print("\n".join(aligned(columns(rows), rows).splitlines()[-len(new):]), flush=True)
     print()

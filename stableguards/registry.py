@@ -56,8 +56,9 @@ FEATURES = (
                           "tracing, once its guards prove there what they proved in the cold process",
             "docs/warm_start.md",
             was=("precompile",), newest_torch_only=True),
-    Feature("store", "with STABLEGUARDS_STORE named, inductor's graphs and AOTAutograd's entries are kept there "
-                     "too (torch's remote caches, verified and signed), so any process sharing it finds them",
+    Feature("store", "with STABLEGUARDS_STORE named, inductor's graphs, AOTAutograd's entries and the kernel "
+                     "binaries built from them are kept there too (verified and signed), so any process sharing it "
+                     "finds them and a new machine builds no kernel a machine like it built",
             "docs/store.md"),
 )
 PARTS = tuple(feature.name for feature in FEATURES)

@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
+from stableguards.events import EVENTS
 from stableguards.hooks.core import Hook, TorchError
 from stableguards.identity import fx_home
 from stableguards.warm_start import pickling, saving
@@ -62,8 +63,11 @@ def _serialize_guards(call: Any, self: Any, builder: Any, sorted_guards: list, o
     """
     if STATE.compiling.get().frame is None:
         return call(self, builder, sorted_guards, output_graph)
-    import dataclasses
+    with EVENTS.timed("warm start guards"):
+        return _serialized(call, self, builder, sorted_guards, output_graph)
 
+
+def _serialized(call: Any, self: Any, builder: Any, sorted_guards: list, output_graph: Any) -> Any:
     from torch._dynamo.exc import PackageError
 
     traced = STATE.compiling.get().traced or Traced()

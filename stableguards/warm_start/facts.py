@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import builtins
 import dis
+import functools
 import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -120,13 +121,14 @@ def _hooks(read: Callable[[str], Any], layout: tuple, identity: Callable[[Any], 
     return "; ".join(written)
 
 
-def read_globals(code: types.CodeType) -> set[str]:
+@functools.lru_cache(maxsize=4096)  # a model inlines the same few functions once per layer
+def read_globals(code: types.CodeType) -> frozenset[str]:
     """The names ``code`` (nested code included) loads as globals."""
     names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= read_globals(const)
-    return names
+    return frozenset(names)
 
 
 def unshadowed_builtins(module: str, globals_: Mapping[str, Any], names: Iterable[str]) -> Fact:

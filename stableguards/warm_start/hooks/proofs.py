@@ -332,7 +332,7 @@ def _builtins_read(functions: list[tuple[Any, dict]], copies: dict[int, str]) ->
     copy (``identity.module_copy``: ``copies``, by the id of its globals) the guard source
     where the tree checks it, which is where a restarted process finds it."""
     by_module: dict[str, set[str]] = {}
-    for code, scope in functions:
+    for code, scope in {(code, id(scope)): (code, scope) for code, scope in functions}.values():
         names = builtins_read(code, scope)
         if not names:  # namedtuple's __new__ reads only what its own namespace holds
             continue

@@ -5,7 +5,7 @@ For each workload and flag, fresh processes (bench/_first_step_child.py), induct
 * cold: an empty cache dir (TORCHINDUCTOR_CACHE_DIR) and temporary dir, and an empty store;
 * warm: a restart on the same machine: the cold process's dirs and store;
 * new machine: empty dirs of its own, the cold process's store (STABLEGUARDS_STORE, a
-  directory, as a fleet shares one).  Flag off, torch has nothing to share: it starts cold.
+  directory, or with ``--redis`` a redis-server started here, as a fleet shares one).  Flag off, torch has nothing to share: it starts cold.
 
 Every figure is a wall clock: "wall s" from the spawn of the process to its first step done, and
 its split, which adds up to it: start and import (the interpreter, torch, transformers,
@@ -18,6 +18,7 @@ Dynamo traced, FX and AOTAutograd cache hits/misses/bypasses, and whether the st
 
     python bench/first_step.py                          # every workload
     python bench/first_step.py --workloads mlp_train gpt2 --runs cold warm
+    python bench/first_step.py --workloads gpt2 --runs cold "new machine" --redis
 
 Writes bench/out/first_step.json (and first_step.png with matplotlib).
 """
@@ -37,6 +38,7 @@ from pathlib import Path
 
 import report
 from columns import aligned, markdown as markdown_table
+from fleet import redis_store
 
 HERE = Path(__file__).resolve().parent
 WORKLOADS = ("mlp_train", "gpt2", "llama", "gpt2_train")
@@ -48,14 +50,14 @@ WARM_PARTS = ("warm start guards", "warm start key", "warm start load", "warm st
 STEP = "the step itself"
 
 
-def run_child(workload: str, flag: str, machine: Path, store: Path, steady_calls: int = 0) -> dict:
+def run_child(workload: str, flag: str, machine: Path, store: str, steady_calls: int = 0) -> dict:
     """One process on ``machine``: its cache dir, and its temporary dir, where inductor keeps
     precompiled headers whatever the cache dir (``default_cache_dir()``)."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("TORCH_COMPILE_JOB_ID", "STABLEGUARDS_DISABLE") and not k.startswith("STABLEGUARDS_STORE")}
     (machine / "tmp").mkdir(parents=True, exist_ok=True)
     env.update(TORCHINDUCTOR_CACHE_DIR=str(machine / "cache"), TMPDIR=str(machine / "tmp"),
-               STABLEGUARDS_STORE=str(store), PYTHONHASHSEED="random",
+               STABLEGUARDS_STORE=store, PYTHONHASHSEED="random",
                TORCHDYNAMO_STABLE_GUARDS="1" if flag == "on" else "0", HF_HUB_OFFLINE="1")
     env.update(SG_STEADY_CALLS=str(steady_calls), SG_SPAWNED_AT=repr(time.time()))
     proc = subprocess.run([sys.executable, str(HERE / "_first_step_child.py"), workload], env=env,
@@ -65,13 +67,19 @@ def run_child(workload: str, flag: str, machine: Path, store: Path, steady_calls
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def measure(workload: str, flag: str, runs: list[str], tmp: Path, steady_calls: int = 0) -> list[dict]:
-    """The runs of one workload and flag, in order: cold first, on the dirs the others reuse."""
+def measure(workload: str, flag: str, runs: list[str], tmp: Path, steady_calls: int = 0,
+            redis_url: str | None = None) -> list[dict]:
+    """The runs of one workload and flag, in order: cold first, on the dirs the others reuse,
+    with a store of their own (a directory, or the Redis at ``redis_url`` emptied first)."""
     work = Path(tempfile.mkdtemp(prefix=f"{workload}-{flag}-", dir=tmp))
+    if redis_url:
+        import redis
+
+        redis.Redis.from_url(redis_url).flushdb()
     rows = []
     for run in ("cold", *[r for r in runs if r != "cold"]):
         machine = work / ("new-machine" if run == "new machine" else "machine")
-        child = run_child(workload, flag, machine, work / "store", steady_calls)
+        child = run_child(workload, flag, machine, redis_url or str(work / "store"), steady_calls)
         if run in runs:
             rows.append({"workload": workload, "flag": flag, "run": run, **child})
     return rows
@@ -106,6 +114,7 @@ def columns(rows: list[dict]) -> tuple:
         ("workload", lambda r: r["workload"]),
         ("flag", lambda r: r["flag"]),
         ("run", lambda r: r["run"]),
+        ("store", lambda r: r.get("store", "directory")),
         ("wall s", lambda r: f"{r['wall_s']:.2f}"),
         ("/cold", lambda r: f"{r['wall_s'] / _cold(rows, r)['wall_s']:.3f}"),
         part("start+import"), part("build"),
@@ -207,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="run each workload's processes this many times, flag off and on in turn; ratios of medians")
     parser.add_argument("--steady-calls", type=int, default=0,
                         help="also time this many calls once compiled, per process (per call: the fastest fifth)")
+    parser.add_argument("--redis", action="store_true", help="the shared store in a redis-server started here")
     parser.add_argument("--out", type=Path, default=HERE / "out")
     args = parser.parse_args(argv)
     import torch
@@ -214,11 +224,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, inductor on CPU, {os.cpu_count()} cores; wall seconds from process "
           f"start to the first step done", flush=True)
     rows: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="sg-first-step-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="sg-first-step-") as tmp, redis_store(Path(tmp)) as url:
+        if args.redis and url is None:
+            raise SystemExit("--redis: no redis-server on PATH")
         for workload in args.workloads:
             for repeat, flag in itertools.product(range(args.repeat), args.flags):
-                new = [{**row, "repeat": repeat} for row in measure(workload, flag, args.runs, Path(tmp),
-                                                                     args.steady_calls)]
+                new = [{**row, "repeat": repeat, "store": "redis" if args.redis else "directory"}
+                       for row in measure(workload, flag, args.runs, Path(tmp), args.steady_calls,
+                                          url if args.redis else None)]
                 rows += new
                 print("\n".join(aligned(columns(rows), rows).splitlines()[-len(new):]), flush=True)
     print()

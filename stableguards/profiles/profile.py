@@ -31,6 +31,7 @@ the choice that compiles least.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import re
 from collections.abc import Iterator, Mapping
@@ -214,13 +215,7 @@ def to_json(profile: Profile) -> dict[str, Any]:
         "version": VERSION,
         "frames": [
             {
-                "code": {
-                    "filename": code.filename,
-                    "firstlineno": code.firstlineno,
-                    "name": code.name,
-                    "file_hash": code.file_hash,
-                    "closure": code.closure,
-                },
+                "code": _code_to_json(code),
                 "sources": {
                     name: _entry_to_json(profile.frames[code][name])
                     for name in sorted(profile.frames[code])
@@ -232,22 +227,35 @@ def to_json(profile: Profile) -> dict[str, Any]:
     }
 
 
+def _code_to_json(code: CodeKey) -> dict[str, Any]:
+    return {"filename": code.filename, "firstlineno": code.firstlineno, "name": code.name,
+            "file_hash": code.file_hash, "closure": code.closure}
+
+
 def dumps(profile: Profile) -> str:
     """The profile as JSON text with one source per line: easy to read and to diff.
 
     Same document as ``to_json``; written piecewise because ``json.dumps`` with
-    ``indent`` falls back to the slow pure-Python encoder.
+    ``indent`` falls back to the slow pure-Python encoder, and each source's line is
+    kept (``_entry_text``): a process saves its profile after every compile, and all
+    but the newest frame's sources are the ones it wrote the time before.
     """
-    data = to_json(profile)
     frames = []
-    for frame in data["frames"]:
-        sources = ",\n".join(f"   {json.dumps(name)}: {json.dumps(entry, sort_keys=True)}"
-                              for name, entry in frame["sources"].items())
-        frames.append(f' {{"code": {json.dumps(frame["code"], sort_keys=True)},\n'
+    for code in sorted(profile.frames, key=CodeKey.sort_key):
+        entries = profile.frames[code]
+        if not entries:
+            continue
+        sources = ",\n".join(f"   {json.dumps(name)}: {_entry_text(entries[name])}" for name in sorted(entries))
+        frames.append(f' {{"code": {json.dumps(_code_to_json(code), sort_keys=True)},\n'
                       f'  "sources": {{\n{sources}\n  }}}}')
     body = ",\n".join(frames)
     return (f'{{"format": "{FORMAT}", "version": {VERSION}, "frames": [\n'
             + (body + "\n" if body else "") + "]}\n")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _entry_text(entry: SourceEntry) -> str:
+    return json.dumps(_entry_to_json(entry), sort_keys=True)
 
 
 def _entry_to_json(entry: SourceEntry) -> dict[str, Any]:

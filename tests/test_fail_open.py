@@ -297,6 +297,18 @@ def store_calls() -> None:
             x.grad = None
 
 
+def kernel_build_calls() -> None:
+    """With a shared store named, a kernel this process has not built (a size of its own, static)."""
+    from unittest import mock
+
+    x = torch.randn(random.randrange(1000, 100_000))
+    store = str(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) / "store")
+    with mock.patch.dict("os.environ", {"STABLEGUARDS_STORE": store}):
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(lambda t: t * 3 + 1, backend="inductor", dynamic=False)(x),
+                                   x * 3 + 1)
+
+
 _LIBRARIES = []
 
 
@@ -330,6 +342,8 @@ def workload_for(hook) -> None:
         distributed_calls()
     elif hook.target == "Library.impl":
         custom_operator_registration()
+    elif hook.target in ("CppBuilder.__init__", "CppBuilder.build"):
+        kernel_build_calls()
     elif hook.part == "store":
         store_calls()
     elif hook.part == "autograd_cache" or hook.target == "CheckpointHigherOrderVariable._call_function":

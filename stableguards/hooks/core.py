@@ -70,6 +70,10 @@ class Hook:
     # from the end of ``import torch`` on (torch keeps a custom operator's kernels where only
     # a registration seen happening can tell them).
     records: bool = False
+    # Runs on every thread, whatever its flag: torch does the seam's work on its worker
+    # threads, where a flag set with config.patch in the compiling thread is not seen.  Its
+    # impl acts only on objects a hook of its part marked in the compiling thread.
+    any_thread: bool = False
 
     @property
     def name(self) -> str:
@@ -124,7 +128,7 @@ class _Original:
 def _wrap(hook: Hook, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def hooked(*args: Any, **kwargs: Any) -> Any:
-        if not hook.records and not enabled(hook.part):
+        if not hook.records and not hook.any_thread and not enabled(hook.part):
             return original(*args, **kwargs)
         call = _Original(original)
         try:

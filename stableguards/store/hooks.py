@@ -110,12 +110,20 @@ HOOKS = [
 ]
 
 
+def _builder(call: Any, self: Any, *args: Any, **kwargs: Any) -> None:
+    """inductor prepares a C++ build, in the compiling thread: marked to be served by the store
+    if it serves kernel binaries now (``_build`` runs on inductor's worker threads)."""
+    call(self, *args, **kwargs)
+    if serves(KERNEL_BINARIES):
+        self.stableguards_store = True
+
+
 def _build(call: Any, builder: Any) -> None:
     """inductor builds a C++ kernel (or a probe of the CPU's vector ISA) into a shared library:
     fetched from the store where a machine like this one built it; published once built here.
     Only a local build of a library is served (not an object file or a remote build); a
     precompiled header waits for the first kernel built here that includes it."""
-    if not serves(KERNEL_BINARIES) or builder._use_relative_path:
+    if not getattr(builder, "stableguards_store", False) or builder._use_relative_path:
         return call(builder)
     if builder._precompiling:
         _DEFERRED_HEADERS[builder.get_target_file_path()] = builder
@@ -127,7 +135,7 @@ def _build(call: Any, builder: Any) -> None:
     except OSError:  # a source named by a path with a space in it: built, as torch would
         return call(builder)
     target = Path(builder.get_target_file_path())
-    store = configured(None)
+    store = configured(None)  # the compiling thread's environment is the process's
     with EVENTS.timed("kernel binary fetch"):
         data = _fetched(store, key)
     if data is not None:
@@ -235,4 +243,5 @@ def _write_atomically(target: Path, data: bytes) -> None:
     os.replace(tmp, target)
 
 
-HOOKS.append(Hook("torch._inductor.cpp_builder", "CppBuilder.build", "store", _build, lazy=True))
+HOOKS += [Hook("torch._inductor.cpp_builder", "CppBuilder.__init__", "store", _builder, lazy=True),
+          Hook("torch._inductor.cpp_builder", "CppBuilder.build", "store", _build, lazy=True, any_thread=True)]

@@ -21,6 +21,7 @@ Python: the hook layer walks torch's trees and hands over strings and values.
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -218,6 +219,7 @@ def unproven(cold: Iterable[Fact], warm: Iterable[Fact]) -> list[Fact]:
 _NO_ALIASING = "NO_TENSOR_ALIASING"
 
 
+@functools.lru_cache(maxsize=1024)  # a claim over every parameter of a model is long, and met twice
 def _call_args(claim: str) -> frozenset[str] | None:
     """The arguments of a one-call claim, ``check_no_aliasing(a, b, ...)``, as a set; None for
     anything else.  Commas inside brackets, parentheses or quotes belong to an argument."""

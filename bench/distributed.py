@@ -23,13 +23,13 @@ Writes bench/out/distributed.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 from pathlib import Path
 
-from columns import aligned
+import report
+from columns import aligned, markdown as markdown_table
 from fleet import fresh_store, redis_store, run_ranks
 
 HERE = Path(__file__).resolve().parent
@@ -79,6 +79,11 @@ COLUMNS = (
 )
 
 
+def markdown(rows: list[dict]) -> str:
+    """docs/benchmarks.md's table (``bench/report.py``)."""
+    return markdown_table(COLUMNS, rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
@@ -107,9 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         if row["flag"] == "on" and any(x["traced"] for x in row["warm"]):
             print(f"\n{row['setting']}, flag on, traced warm: {[x['traced'] for x in row['warm']]}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "distributed.json").write_text(json.dumps(rows, indent=2))
-    print(f"rows: {args.out / 'distributed.json'}")
+    print(f"rows: {report.write(args.out, 'distributed', rows, [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])}")
     return 0
 
 

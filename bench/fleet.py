@@ -32,7 +32,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from columns import aligned
+import report
+from columns import aligned, markdown as markdown_table
 
 HERE = Path(__file__).resolve().parent
 
@@ -143,6 +144,11 @@ COLUMNS = (
 )
 
 
+def markdown(rows: list[dict]) -> str:
+    """docs/benchmarks.md's table (``bench/report.py``)."""
+    return markdown_table(COLUMNS, rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", nargs="+", type=int, default=[1, 2, 4])
@@ -160,9 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(aligned(COLUMNS, rows[-1:]).splitlines()[-1], flush=True)
     print()
     print(aligned(COLUMNS, rows))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "fleet.json").write_text(json.dumps(rows, indent=2))
-    print(f"rows: {args.out / 'fleet.json'}")
+    print(f"rows: {report.write(args.out, 'fleet', rows, [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])}")
     return 0
 
 

@@ -41,7 +41,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from columns import aligned
+import report
+from columns import aligned, markdown as markdown_table
 
 HERE = Path(__file__).resolve().parent
 WORKLOADS = ("gpt2", "llama", "llama_generate", "bert_kwargs", "gpt2_train", "llama_checkpointed_train",
@@ -101,6 +102,11 @@ def format_table(rows: list[dict]) -> str:
     return aligned(COLUMNS, rows)
 
 
+def markdown(rows: list[dict]) -> str:
+    """docs/benchmarks.md's table (``bench/report.py``)."""
+    return markdown_table(COLUMNS, rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=[*WORKLOADS, *FAMILIES])
@@ -122,10 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             print(format_table(rows[-1:]).splitlines()[-1], flush=True)
     print()
     print(format_table(rows))
-    args.out.mkdir(parents=True, exist_ok=True)
-    out = args.out / ("real_models_new_machine.json" if args.new_machine else "real_models.json")
-    out.write_text(json.dumps(rows, indent=2))
-    print(f"rows: {out}")
+    name = "real_models_new_machine" if args.new_machine else "real_models"
+    print(f"rows: {report.write(args.out, name, rows, [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])}")
     return 0
 
 

@@ -1,7 +1,7 @@
 """What a bench's figures were measured on, and the tables of docs/benchmarks.md made from them.
 
 A bench writes its rows with ``write``: ``bench/out/NAME.json`` holds a header (the command, the
-commit, torch, the CPU, the date) beside the rows.  ``docs/data/NAME.json`` is such a file kept
+commit, torch, the CPU, the date, the bench) beside the rows.  ``docs/data/NAME.json`` is such a file kept
 with the docs; each table of docs/benchmarks.md sits between ``<!-- table: NAME -->`` and
 ``<!-- table end -->`` and is made from it by the bench's own ``markdown(rows)``:
 
@@ -58,7 +58,8 @@ def write(out: Path, name: str, rows: list[dict], argv: list[str] | None = None)
     """``out/NAME.json``: the header of this run and ``rows``."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
-    path.write_text(json.dumps({"header": header(argv or sys.argv), "rows": rows}, indent=2))
+    path.write_text(json.dumps({"header": {**header(argv or sys.argv), "bench": Path((argv or sys.argv)[0]).stem},
+                                "rows": rows}, indent=2))
     return path
 
 
@@ -66,7 +67,7 @@ def render(name: str, data: dict) -> str:
     """The docs block for bench ``name``'s ``data``: its header line, then its table."""
     h = data["header"]
     sys.path.insert(0, str(HERE))
-    table = importlib.import_module(name).markdown(data["rows"])
+    table = importlib.import_module(h.get("bench", name)).markdown(data["rows"])  # the bench that wrote it
     return (f"`{h['command']}` · commit {h['commit']} · torch {h['torch']} · {h['cpu']} · {h['date']}\n\n"
             f"{table}\n")
 

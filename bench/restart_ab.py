@@ -26,7 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from columns import aligned
+import report
+from columns import aligned, markdown as markdown_table
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "out"
@@ -81,6 +82,11 @@ def format_table(workload: str, rows: list[dict]) -> str:
     return f"== {workload} (the warm run's caches)\n" + aligned(COLUMNS, rows)
 
 
+def markdown(rows: list[dict]) -> str:
+    """docs/benchmarks.md's table (``bench/report.py``)."""
+    return markdown_table((("workload", lambda r: r["workload"]), *COLUMNS), rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     from workloads import WORKLOADS
 
@@ -106,9 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         print(format_table(workload, group), flush=True)
         print(flush=True)
         rows += group
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "restart_ab.json").write_text(json.dumps(rows, indent=2))
-    print(f"rows: {args.out / 'restart_ab.json'}")
+    print(f"rows: {report.write(args.out, 'restart_ab', rows, [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])}")
     return 0
 
 

@@ -34,7 +34,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from columns import aligned
+import report
+from columns import aligned, markdown as markdown_table
 
 HERE = Path(__file__).resolve().parent
 WORKLOADS = ("transformer", "train_step", "chunk_ff", "gan_step", "parametrized", "seed", "dict_collide",
@@ -80,6 +81,11 @@ def format_table(rows: list[dict]) -> str:
     return aligned(COLUMNS, rows)
 
 
+def markdown(rows: list[dict]) -> str:
+    """docs/benchmarks.md's table (``bench/report.py``)."""
+    return markdown_table(COLUMNS, rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
@@ -97,10 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             print(format_table(rows[-1:]).splitlines()[-1], flush=True)
     print()
     print(format_table(rows))
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = f"warm_start{'_job' if args.job_id else ''}.json"
-    (args.out / name).write_text(json.dumps(rows, indent=2))
-    print(f"rows: {args.out / name}")
+    print(f"rows: {report.write(args.out, 'warm_start_job' if args.job_id else 'warm_start', rows, [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])}")
     return 0
 
 

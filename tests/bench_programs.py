@@ -29,7 +29,7 @@ def restart_ab(workload: str, backend: str, config: str, job_id: str,
         for name, value in (extra_env or {}).items():
             command += ["--env", f"{name}={value}"]
         _run(command, os.environ)
-        (row,) = json.loads((Path(out) / "restart_ab.json").read_text())
+        (row,) = json.loads((Path(out) / "restart_ab.json").read_text())["rows"]
     return row
 
 

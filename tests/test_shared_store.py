@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -29,7 +30,8 @@ CHILD = Path(__file__).with_name("_store_child.py")
 def _env(local: Path, store: str, key: str | None = None, **extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STABLEGUARDS_")}
     env.update(TORCHINDUCTOR_CACHE_DIR=str(local), TORCHDYNAMO_STABLE_GUARDS="1", STABLEGUARDS_STORE=store,
-               PYTHONHASHSEED="random", **extra)
+               PYTHONHASHSEED="random")
+    env.update(extra)
     if key:
         env["STABLEGUARDS_STORE_KEY"] = key
     return env
@@ -204,20 +206,28 @@ def test_an_entry_waiting_for_a_backward_that_never_comes_holds_others_briefly(t
     holder.wait()
 
 
+def _counter(result: dict, name: str) -> int:
+    found = re.search(rf"\b{name}=(\d+)", result["explain"])
+    return int(found.group(1)) if found else 0
+
+
 def test_a_new_machine_loads_the_kernel_binaries_another_built_and_refuses_altered_ones(tmp_path):
     """Each machine its own cache dir and temporary dir (where inductor keeps precompiled
     headers): the second builds no kernel; a third, after every stored binary was altered, is
     warned once, builds its own, and is right."""
     store = str(tmp_path / "store")
 
-    def machine(name: str) -> dict:
+    def machine(name: str, **extra: str) -> dict:
         (tmp_path / name / "tmp").mkdir(parents=True)
-        return _run(tmp_path / name / "cache", store, TMPDIR=str(tmp_path / name / "tmp"))
+        return _run(tmp_path / name / "cache", store, TMPDIR=str(tmp_path / name / "tmp"), **extra)
 
     cold = machine("a")
     assert "store_kernel_binary_written=" in cold["explain"]
-    warm = machine("b")
-    assert "store_kernel_binary_read=" in warm["explain"] and "store_kernel_binary_unusable" not in warm["explain"]
+    # The flag set with config.patch in the compiling thread: inductor's build threads still serve.
+    warm = machine("b", TORCHDYNAMO_STABLE_GUARDS="0", STORE_CHILD_PATCH_FLAG="1")
+    # Every binary the first machine built, probes and kernels, is fetched: none is built here.
+    assert _counter(warm, "store_kernel_binary_read") == _counter(cold, "store_kernel_binary_written") > 0
+    assert "store_kernel_binary_unusable" not in warm["explain"]
     assert not list((tmp_path / "b" / "tmp").rglob("*.gch"))  # no kernel built: no header precompiled
     for ref in (Path(store) / "refs" / "kernel_binary").iterdir():
         blob = Path(store) / "blobs" / json.loads(ref.read_text())["digest"]

@@ -103,18 +103,7 @@ def train(build):
     def workload():
         torch.manual_seed(0)
         model = build().train()
-        for module in model.modules():
-            if isinstance(module, torch.nn.Dropout):
-                module.p = 0.0
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-
-        def step(ids):
-            loss = model(ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss.detach()
-        return step, (models.ids(8),), model
+        return models.train_step(model, torch.optim.SGD), (models.ids(8),), model
     return workload
 
 

@@ -166,20 +166,9 @@ def train(build, checkpointed: bool = False, optimizer: str = "SGD"):
             for name in ("attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout"):
                 if hasattr(model.config, name):
                     setattr(model.config, name, 0.0)
-            for module in model.modules():
-                if isinstance(module, torch.nn.Dropout):
-                    module.p = 0.0
             if checkpointed:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            opt = getattr(torch.optim, optimizer)(model.parameters(), lr=0.01)
-
-            def step(ids):
-                loss = model(ids, labels=ids).loss
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                return loss.detach()
-            return step
+            return models.train_step(model, getattr(torch.optim, optimizer))
         compiled = torch.compile(make())
         eager = make()
         return lambda: [compiled(_ids(n)) for n in (8, 8, 8)], lambda: [eager(_ids(n)) for n in (8, 8, 8)]

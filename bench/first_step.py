@@ -46,7 +46,8 @@ RUNS = ("cold", "warm", "new machine")
 FLAGS = ("off", "on")
 # The split's parts, in the order a process meets them; the child names torch's and ours.
 COMPILE_PARTS = ("Dynamo trace", "AOT/inductor compile", "C++ build", "kernel binary fetch", "kernel binary publish")
-WARM_PARTS = ("warm start guards", "warm start key", "warm start load", "warm start install", "warm start proof", "warm start save")
+WARM_PARTS = ("warm start guards", "warm start key", "warm start load", "warm start install", "warm start proof",
+              "warm start save")
 STEP = "the step itself"
 
 
@@ -107,8 +108,8 @@ def _median(values: list[float]) -> float:
 
 
 def columns(rows: list[dict]) -> tuple:
-    def part(name: str):
-        return name, lambda r: f"{split(r)[name]:.2f}"
+    def part(name: str, label: str | None = None, digits: int = 2):
+        return label or name, lambda r: f"{split(r)[name]:.{digits}f}"
 
     return (
         ("workload", lambda r: r["workload"]),
@@ -119,16 +120,10 @@ def columns(rows: list[dict]) -> tuple:
         ("/cold", lambda r: f"{r['wall_s'] / _cold(rows, r)['wall_s']:.3f}"),
         part("start+import"), part("build"),
         part("Dynamo trace"), part("AOT/inductor compile"), part("C++ build"),
-        ("bin fetch", lambda r: f"{split(r)['kernel binary fetch']:.2f}"),
-        ("bin publish", lambda r: f"{split(r)['kernel binary publish']:.2f}"),
-        ("ws guards", lambda r: f"{split(r)['warm start guards']:.2f}"),
-        ("ws key", lambda r: f"{split(r)['warm start key']:.2f}"),
-        ("ws load", lambda r: f"{split(r)['warm start load']:.2f}"),
-        ("ws install", lambda r: f"{split(r)['warm start install']:.2f}"),
-        ("ws proof", lambda r: f"{split(r)['warm start proof']:.3f}"),
-        ("ws save", lambda r: f"{split(r)['warm start save']:.2f}"),
-        ("step", lambda r: f"{split(r)[STEP]:.2f}"),
-        part("other"),
+        part("kernel binary fetch", "bin fetch"), part("kernel binary publish", "bin publish"),
+        *(part(name, "ws " + name.removeprefix("warm start "), 3 if name.endswith("proof") else 2)
+          for name in WARM_PARTS),
+        part(STEP, "step"), part("other"),
         ("frames", lambda r: r["frames"]),
         ("fx h/m/b", lambda r: "/".join(map(str, r["fx"]))),
         ("aot h/m/b", lambda r: "/".join(map(str, r["aot"]))),

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         if row["flag"] == "on" and any(x["traced"] for x in row["warm"]):
             print(f"\n{row['setting']}, flag on, traced warm: {[x['traced'] for x in row['warm']]}")
-    print(f"rows: {report.write(args.out, 'distributed', rows, [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])}")
+    print(f"rows: {report.write(args.out, 'distributed', rows, argv)}")
     return 0
 
 

@@ -5,7 +5,8 @@ For each workload and flag, fresh processes (bench/_first_step_child.py), induct
 * cold: an empty cache dir (TORCHINDUCTOR_CACHE_DIR) and temporary dir, and an empty store;
 * warm: a restart on the same machine: the cold process's dirs and store;
 * new machine: empty dirs of its own, the cold process's store (STABLEGUARDS_STORE, a
-  directory, or with ``--redis`` a redis-server started here, as a fleet shares one).  Flag off, torch has nothing to share: it starts cold.
+  directory, or with ``--redis`` a redis-server started here, as a fleet shares one).  Flag
+  off, torch has nothing to share: it starts cold.
 
 Every figure is a wall clock: "wall s" from the spawn of the process to its first step done, and
 its split, which adds up to it: start and import (the interpreter, torch, transformers,
@@ -208,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=RUNS)
     parser.add_argument("--flags", nargs="+", default=list(FLAGS), choices=FLAGS)
     parser.add_argument("--repeat", type=int, default=1,
-                        help="run each workload's processes this many times, flag off and on in turn; ratios of medians")
+                        help="run each workload's processes this many times, flag off and on in turn; "
+                             "ratios of medians")
     parser.add_argument("--steady-calls", type=int, default=0,
                         help="also time this many calls once compiled, per process (per call: the fastest fifth)")
     parser.add_argument("--redis", action="store_true", help="the shared store in a redis-server started here")
@@ -232,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(aligned(columns(rows), rows))
     print("\n".join(ratios(rows) + steady(rows)))
-    path = report.write(args.out, "first_step", rows, [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+    path = report.write(args.out, "first_step", rows, argv)
     charted = draw_chart(rows, args.out / "first_step.png")
     print(f"rows: {path}" + (f", chart: {args.out / 'first_step.png'}" if charted else " (no matplotlib: no chart)"))
     return 0

@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(aligned(COLUMNS, rows[-1:]).splitlines()[-1], flush=True)
     print()
     print(aligned(COLUMNS, rows))
-    print(f"rows: {report.write(args.out, 'fleet', rows, [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])}")
+    print(f"rows: {report.write(args.out, 'fleet', rows, argv)}")
     return 0
 
 

@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_table(rows))
     name = "real_models_new_machine" if args.new_machine else "real_models"
-    print(f"rows: {report.write(args.out, name, rows, [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])}")
+    print(f"rows: {report.write(args.out, name, rows, argv)}")
     return 0
 
 

@@ -54,12 +54,13 @@ def header(argv: list[str]) -> dict[str, str]:
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 
-def write(out: Path, name: str, rows: list[dict], argv: list[str] | None = None) -> Path:
-    """``out/NAME.json``: the header of this run and ``rows``."""
+def write(out: Path, name: str, rows: list[dict], args: list[str] | None = None) -> Path:
+    """``out/NAME.json``: the header of this run (the bench's ``args``, its command line's by
+    default) and ``rows``."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
-    path.write_text(json.dumps({"header": {**header(argv or sys.argv), "bench": Path((argv or sys.argv)[0]).stem},
-                                "rows": rows}, indent=2))
+    argv = [sys.argv[0], *(sys.argv[1:] if args is None else args)]
+    path.write_text(json.dumps({"header": {**header(argv), "bench": Path(argv[0]).stem}, "rows": rows}, indent=2))
     return path
 
 

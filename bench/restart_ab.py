@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         print(format_table(workload, group), flush=True)
         print(flush=True)
         rows += group
-    print(f"rows: {report.write(args.out, 'restart_ab', rows, [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])}")
+    print(f"rows: {report.write(args.out, 'restart_ab', rows, argv)}")
     return 0
 
 

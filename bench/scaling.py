@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             print(aligned(COLUMNS, rows).splitlines()[-1], flush=True)
     print()
     print(aligned(COLUMNS, rows))
-    path = report.write(args.out, "scaling", rows, [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+    path = report.write(args.out, "scaling", rows, argv)
     print(f"rows: {path}")
     return 0
 

@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             print(format_table(rows[-1:]).splitlines()[-1], flush=True)
     print()
     print(format_table(rows))
-    print(f"rows: {report.write(args.out, 'warm_start_job' if args.job_id else 'warm_start', rows, [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])}")
+    name = "warm_start_job" if args.job_id else "warm_start"
+    print(f"rows: {report.write(args.out, name, rows, argv)}")
     return 0
 
 

@@ -183,7 +183,8 @@ def _binary_key(builder: Any) -> Components:
     # A precompiled header is named by a digest of everything it holds (its text, every header
     # it includes, its command and compiler): it is a source by that name.
     header = builder._build_option.precompiled_header
-    sources = {path: Path(path).read_bytes() for path in [*builder._sources_args.split(), *([header] if header else [])]}
+    paths = [*builder._sources_args.split(), *([header] if header else [])]
+    sources = {path: Path(path).read_bytes() for path in paths}
     directories = {"cache": cache_dir(), "headers": _HEADER_DIR, "torch": str(Path(torch.__file__).parent),
                    "python include": sysconfig.get_paths()["include"], "prefix": sys.prefix}
     return binaries.binary_key(builder.get_command_line(), sources, directories, _compiler(builder._compiler),

@@ -25,7 +25,7 @@ def bench_run(tmp_path_factory) -> tuple[str, list[dict]]:
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     data = json.loads((out / "first_step.json").read_text())
-    assert set(data["header"]) == {"command", "commit", "torch", "cpu", "date"}
+    assert set(data["header"]) == {"command", "commit", "torch", "cpu", "date", "bench"}
     return proc.stdout, data["rows"]
 
 

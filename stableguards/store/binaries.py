@@ -25,26 +25,24 @@ from collections.abc import Mapping
 
 from stableguards.components import Components
 
-NAMESPACE = "kernel_binary"
-
-
 def binary_key(command: str, sources: Mapping[str, bytes], directories: Mapping[str, str], compiler: str,
                torch_version: str, platform: str) -> Components:
     """The components a binary built by ``command`` from ``sources`` is usable under.
     ``directories`` maps a name to a directory of this machine (the cache directory, torch's
     install): the command names each by its name, so two machines with the same layout
     under other roots share binaries.  Longer directories are replaced first."""
-    for label, path in sorted(directories.items(), key=lambda item: -len(item[1])):
-        if path:
-            command = command.replace(path, f"<{label}>")
-    named_sources = {_named(path, directories): hashlib.sha256(data).hexdigest() for path, data in sources.items()}
+    longest_first = [(label, path) for label, path in sorted(directories.items(), key=lambda item: -len(item[1]))
+                     if path]
+    for label, path in longest_first:
+        command = command.replace(path, f"<{label}>")
+    named_sources = {_named(path, longest_first): hashlib.sha256(data).hexdigest() for path, data in sources.items()}
     return Components((("command", command),
                        *((f"source {path}", digest) for path, digest in sorted(named_sources.items())),
                        ("compiler", compiler), ("torch", torch_version), ("platform", platform)))
 
 
-def _named(path: str, directories: Mapping[str, str]) -> str:
-    for label, directory in sorted(directories.items(), key=lambda item: -len(item[1])):
-        if directory and path.startswith(directory):
+def _named(path: str, longest_first: list[tuple[str, str]]) -> str:
+    for label, directory in longest_first:
+        if path.startswith(directory):
             return f"<{label}>{path[len(directory):]}"
     return path

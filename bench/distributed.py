@@ -99,9 +99,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.cpu_count()} cores; each rank its own local cache dir", flush=True)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="sg-dist-") as tmp:
-        with redis_store(Path(tmp)) as url:
-            if args.redis and url is None:
-                raise SystemExit("--redis: no redis-server on PATH")
+        with redis_store(Path(tmp), required=args.redis) as url:
             for setting in args.settings:
                 for flag in ("1" if f == "on" else "0" for f in args.flags):
                     rows.append(measure(args.ranks, flag, Path(tmp), url if args.redis else None, args.backend,

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import report
 from columns import aligned, markdown as markdown_table
-from fleet import redis_store
+from fleet import fresh_store, redis_store
 
 HERE = Path(__file__).resolve().parent
 WORKLOADS = ("mlp_train", "gpt2", "llama", "gpt2_train")
@@ -74,14 +74,12 @@ def measure(workload: str, flag: str, runs: list[str], tmp: Path, steady_calls: 
     """The runs of one workload and flag, in order: cold first, on the dirs the others reuse,
     with a store of their own (a directory, or the Redis at ``redis_url`` emptied first)."""
     work = Path(tempfile.mkdtemp(prefix=f"{workload}-{flag}-", dir=tmp))
-    if redis_url:
-        import redis
-
-        redis.Redis.from_url(redis_url).flushdb()
+    # Named flag off too (torch ignores it), so that both flags run in the same environment.
+    store = fresh_store("1", redis_url, work / "store")
     rows = []
     for run in ("cold", *[r for r in runs if r != "cold"]):
         machine = work / ("new-machine" if run == "new machine" else "machine")
-        child = run_child(workload, flag, machine, redis_url or str(work / "store"), steady_calls)
+        child = run_child(workload, flag, machine, store, steady_calls)
         if run in runs:
             rows.append({"workload": workload, "flag": flag, "run": run, **child})
     return rows
@@ -221,9 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, inductor on CPU, {os.cpu_count()} cores; wall seconds from process "
           f"start to the first step done", flush=True)
     rows: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="sg-first-step-") as tmp, redis_store(Path(tmp)) as url:
-        if args.redis and url is None:
-            raise SystemExit("--redis: no redis-server on PATH")
+    with tempfile.TemporaryDirectory(prefix="sg-first-step-") as tmp, \
+            redis_store(Path(tmp), required=args.redis) as url:
         for workload in args.workloads:
             for repeat, flag in itertools.product(range(args.repeat), args.flags):
                 new = [{**row, "repeat": repeat, "store": "redis" if args.redis else "directory"}

@@ -45,10 +45,13 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def redis_store(workdir: Path) -> Iterator[str | None]:
-    """A redis-server on a free loopback port for this bench, or None without one."""
+def redis_store(workdir: Path, required: bool = False) -> Iterator[str | None]:
+    """A redis-server on a free loopback port for this bench, or None without one (an exit
+    when the bench was asked for one: ``required``)."""
     server = shutil.which("redis-server")
     if server is None:
+        if required:
+            raise SystemExit("--redis: no redis-server on PATH")
         yield None
         return
     port = _free_port()

@@ -13,6 +13,7 @@ import pytest
 from stableguards.profiles.profile import DYNAMIC, CodeKey, Profile, SourceEntry, specialized, static
 from stableguards.profiles.store import EngineStore, encode
 from stableguards.storage import redis_engine
+from stableguards.storage import engines
 from stableguards.storage.engines import DirectoryEngine
 
 CODE = CodeKey("0badc0de", 10, "f", None, "train.py")
@@ -106,21 +107,21 @@ def test_directory_where_the_file_should_be(tmp_path, caplog):
         assert store.read("job") is None
         assert store.merge_write("job", profile_of("L['x']")) is None
     assert path_of(store, "job").is_dir()
-    assert len(warnings_of(caplog)) == 1 and "Is a directory" in warnings_of(caplog)[0]
+    assert len(warnings_of(caplog)) == 1 and "not a regular file" in warnings_of(caplog)[0]
 
 
 def test_unreadable_file_is_left_untouched(tmp_path, caplog, monkeypatch):
     store = dir_profiles(tmp_path)
     store.merge_write("job", profile_of("L['x']"))
     before = path_of(store, "job").read_bytes()
-    real_read = Path.read_bytes
+    real_read = engines._read
 
-    def read_bytes(self):  # chmod 000 does not stop root, so refuse like the kernel would
-        if self == path_of(store, "job"):
-            raise PermissionError(13, "Permission denied", str(self))
-        return real_read(self)
+    def read(directory, name, limit):  # chmod 000 does not stop root, so refuse like the kernel would
+        if Path(directory) / name == path_of(store, "job"):
+            raise PermissionError(13, "Permission denied", name)
+        return real_read(directory, name, limit)
 
-    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.setattr(engines, "_read", read)
     with caplog.at_level(logging.WARNING, logger="stableguards"):
         assert store.read("job") is None
         assert store.merge_write("job", profile_of("L['y']")) is None
@@ -134,7 +135,7 @@ def test_unwritable_directory_warns(tmp_path, caplog):
     store = dir_profiles(tmp_path / "file" / "pgo")
     with caplog.at_level(logging.WARNING, logger="stableguards"):
         assert store.merge_write("job", profile_of("L['x']")) is None
-    assert "cannot be used" in warnings_of(caplog)[0] and "Not a directory" in warnings_of(caplog)[0]
+    assert "could not be read or saved" in warnings_of(caplog)[0] and "Not a directory" in warnings_of(caplog)[0]
 
 
 def _write_entries(args: tuple[str, str, int]) -> None:
@@ -250,7 +251,7 @@ def test_redis_that_refuses_connections_warns_once(caplog):
     with caplog.at_level(logging.WARNING, logger="stableguards"):
         assert store.read("job") is None
         assert store.merge_write("job", profile_of("L['x']")) is None
-    assert len(warnings_of(caplog)) == 1 and "cannot be used" in warnings_of(caplog)[0]
+    assert len(warnings_of(caplog)) == 1 and "(unreachable" in warnings_of(caplog)[0]
 
 
 def test_redis_that_never_answers_times_out(caplog):

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import socket
+import threading
 import time
 
 import pytest
@@ -138,57 +139,60 @@ def test_a_swap_happens_only_over_the_bytes_it_expects(location):
     assert engine.names("pgo/") == []
 
 
-def test_a_lease_is_held_by_one_expires_and_is_given_back_only_by_its_owner(location):
+def test_a_lease_is_held_by_one_and_given_back_only_by_its_holder(location):
     store = open_store(None, location, key="")
     engine = store.engine
-    assert engine.claim("leases/x", "a", 30) and engine.held("leases/x")
-    assert not engine.claim("leases/x", "b", 30)
-    engine.release("leases/x", "b")  # not b's
-    assert engine.held("leases/x")
-    engine.release("leases/x", "a")
-    assert not engine.held("leases/x") and engine.claim("leases/x", "b", 0.2)
-    time.sleep(0.4)  # b died holding it: it expires
-    assert not engine.held("leases/x") and engine.claim("leases/x", "c", 30)
-    assert store.claim("ns", "y", 30) and store.held("ns", "y")
-    assert not store.claim("ns", "y", 30)  # this process holds it already
+    assert engine.claim("leases/x", b"a", 30) and engine.get("leases/x") == b"a"
+    assert not engine.claim("leases/x", b"b", 30)
+    engine.release("leases/x", b"b")  # not b's
+    assert not engine.renew("leases/x", b"b", b"b2", 30) and engine.get("leases/x") == b"a"
+    assert engine.renew("leases/x", b"a", b"a2", 30) and engine.get("leases/x") == b"a2"
+    engine.release("leases/x", b"a2")
+    assert engine.get("leases/x") is None and engine.claim("leases/x", b"b", 30)
+    assert not engine.claim("leases/x", b"c", 30, replacing=b"other")  # not the lease found dead
+    assert engine.claim("leases/x", b"c", 30, replacing=b"b") and engine.get("leases/x") == b"c"
+    assert store.claim("ns", "y") and store.held("ns", "y")
+    assert not store.claim("ns", "y")  # this process holds it already
     store.release("ns", "y")
     assert not store.held("ns", "y")
 
 
-def test_waiting_ends_when_the_lease_goes(location):
-    store = open_store(None, location, key="")
-    assert store.claim("ns", "e", 30)
+def test_waiting_ends_when_the_lease_goes_or_its_holder_stops_beating(location, monkeypatch):
+    monkeypatch.setenv("STABLEGUARDS_STORE_LEASE_S", "0.6")
+    holder, waiter = open_store(None, location, key=""), open_store(None, location, key="")
+    assert holder.claim("ns", "e")
+    threading.Timer(1.5, holder.release, ("ns", "e")).start()
+    start, told = time.monotonic(), []
+    assert waiter.wait("ns", "e", told.append, told.append) is None  # given back: nothing to replace
+    assert 1.4 < time.monotonic() - start < 5 and len(told) == 1  # it beat past its 0.6 s all along
+    assert holder.claim("ns", "f", renewed=False)  # a holder that died: no beat
+    dead = holder.engine.get("leases/ns/f")
     start = time.monotonic()
-    assert not store.wait_released("ns", "e", timeout_s=0.3)
-    assert time.monotonic() - start >= 0.3
-    store.release("ns", "e")
-    assert store.wait_released("ns", "e", timeout_s=5)
-    assert store.engine.claim("leases/ns/f", "dead", 0.3)  # a holder that died: its lease expires
-    assert store.wait_released("ns", "f", timeout_s=5)
+    found = waiter.wait("ns", "f", told.append, told.append)
+    assert found in (dead, None)  # None: Redis expired it first
+    assert time.monotonic() - start < 3
+    assert waiter.claim("ns", "f", replacing=found) and waiter.held("ns", "f")
+    waiter.release("ns", "f")
 
 
-def test_an_expired_directory_lease_goes_to_one_claimant(tmp_path):
+def test_a_dead_directory_lease_goes_to_one_claimant(tmp_path):
     engine = DirectoryEngine(tmp_path)
-    assert engine.claim("leases/x", "dead", 0.01)
-    time.sleep(0.05)
-    winners = [owner for owner in ("a", "b", "c") if engine.claim("leases/x", owner, 30)]
-    assert winners == ["a"]
+    assert engine.claim("leases/x", b"dead", 30)
+    winners = [owner for owner in (b"a", b"b", b"c") if engine.claim("leases/x", owner, 30, replacing=b"dead")]
+    assert winners == [b"a"]
 
 
 def test_a_late_claimant_never_removes_the_fresh_lease_another_made(tmp_path):
-    """The interleaving two claimants of an expired lease can meet: b read the expired lease,
-    a broke it and made its own, then b breaks what it read: a's fresh lease stays."""
-    from stableguards.storage.engines import _break, _lease_record
+    """The interleaving two claimants of a dead lease can meet: b read the dead lease, a broke
+    it and made its own, then b breaks what it read: a's fresh lease stays."""
+    from stableguards.storage.engines import _break
 
     engine = DirectoryEngine(tmp_path)
-    assert engine.claim("leases/x", "dead", 0.01)
-    time.sleep(0.02)
-    path = tmp_path / "leases" / "x"
-    seen_by_b = _lease_record(path)
-    assert engine.claim("leases/x", "a", 30)
-    _break(path, seen_by_b)
-    assert _lease_record(path)["owner"] == "a" and not engine.claim("leases/x", "b", 30)
-    assert not path.with_name("x.break").exists()
+    assert engine.claim("leases/x", b"dead", 30)
+    assert engine.claim("leases/x", b"a", 30, replacing=b"dead")
+    _break(engine, "leases/x", b"dead")
+    assert engine.get("leases/x") == b"a" and not engine.claim("leases/x", b"b", 30, replacing=b"dead")
+    assert not (tmp_path / "leases" / "x.break").exists()
 
 
 def test_an_unreachable_redis_is_unavailable_quickly():

@@ -75,7 +75,7 @@ def test_a_remote_cache_setting_the_user_chose_keeps_its_meaning(cold_store, tmp
 def test_entries_signed_with_another_key_are_refused(cold_store, tmp_path):
     wrong = _run(tmp_path / "machine-b", _copy(cold_store, tmp_path), key="another key")
     assert _aot(wrong, "hit") == 0 and "signature does not match" in wrong["stderr"]
-    assert wrong["stderr"].count("could not be read from") == 1  # one warning for every refusal
+    assert wrong["stderr"].count("could not be read (") == 1  # one warning for every refusal
 
 
 def test_corrupt_entries_warn_once_compile_and_are_mended(cold_store, tmp_path):
@@ -83,7 +83,7 @@ def test_corrupt_entries_warn_once_compile_and_are_mended(cold_store, tmp_path):
     for blob in (store / "blobs").iterdir():
         blob.write_bytes(blob.read_bytes()[: len(blob.read_bytes()) // 2])  # every blob truncated
     broken = _run(tmp_path / "machine-b", store)
-    assert _aot(broken, "hit") == 0 and broken["stderr"].count("could not be read from") == 1
+    assert _aot(broken, "hit") == 0 and broken["stderr"].count("could not be read (") == 1
     assert "corrupt or truncated" in broken["stderr"]
     mended = _run(tmp_path / "machine-c", store)  # the compile saved whole entries again
     assert _aot(mended, "hit") == 1, mended["counters"]

@@ -13,10 +13,10 @@ def test_nobody_waits_for_an_entry_a_compile_ended_without(tmp_path, monkeypatch
     monkeypatch.setenv("STABLEGUARDS_STORE", str(tmp_path / "store"))
     monkeypatch.setenv("STABLEGUARDS_STORE_LEASE_S", "60")
     holder, waiter, later = Leases(), Leases(), Leases()  # three processes' leases (one owner here)
-    assert holder.fetch_or_claim("d", _never, _never) is None and store().held(NAMESPACE, "d")
+    assert holder.fetch_or_claim("d", _never, _never, _never) is None and store().held(NAMESPACE, "d")
     events: list[str] = []
     thread = threading.Thread(target=lambda: events.append(
-        repr(waiter.fetch_or_claim("d", lambda s: events.append("waited"), lambda why: events.append(why)))))
+        repr(waiter.fetch_or_claim("d", lambda by: events.append("waited"), _never, lambda why: events.append(why)))))
     thread.start()
     time.sleep(0.5)  # the waiter finds the lease held and waits for it
     holder.give_up("d", "f was left out")
@@ -25,10 +25,10 @@ def test_nobody_waits_for_an_entry_a_compile_ended_without(tmp_path, monkeypatch
     assert not store().held(NAMESPACE, "d")  # and it took no lease
     told: list[str] = []
     start = time.monotonic()
-    assert later.fetch_or_claim("d", _never, told.append) is None  # a restart: no wait, no lease
+    assert later.fetch_or_claim("d", _never, _never, told.append) is None  # a restart: no wait, no lease
     assert told == ["f was left out"] and time.monotonic() - start < 5 and not store().held(NAMESPACE, "d")
     store().publish(NAMESPACE, "d", b"entry")  # saved after all (another input, another process)
-    assert Leases().fetch_or_claim("d", _never, _never) == b"entry"
+    assert Leases().fetch_or_claim("d", _never, _never, _never) == b"entry"
 
 
 def _never(*args: object) -> None:

@@ -16,7 +16,7 @@ from stableguards.hooks.core import Hook, TorchError, cache_subdir
 from stableguards.hooks.operators import Opaque, custom_operators, kernels
 from stableguards.keys import messages
 from stableguards.keys.ledger import KeyLedger, KeyRecord, SharedKeyLedger, differences, nearest
-from stableguards.storage import STORE_ENV, Unavailable, configured
+from stableguards.storage import STORE_ENV, Unavailable, Unusable, configured
 from stableguards.storage.artifacts import holds_fx_graph
 
 
@@ -39,8 +39,8 @@ def _explain_fx_key(key: str, debug_lines: list[str]) -> None:
         return
     try:
         _explain(record, SharedKeyLedger(configured(None).unsigned()), local_miss and not holds_fx_graph(key))
-    except Unavailable:
-        pass  # an unreachable store is warned about where artifacts are read; this only explains
+    except (Unavailable, Unusable):
+        pass  # warned about where artifacts are read; this only explains
 
 
 def _explain(record: KeyRecord, ledger: KeyLedger | SharedKeyLedger, missed: bool) -> None:

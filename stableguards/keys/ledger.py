@@ -22,7 +22,7 @@ from pathlib import Path
 
 from stableguards.components import Components
 from stableguards.files import atomic_write
-from stableguards.storage.engines import Engine
+from stableguards.storage.engines import Engine, Refused
 
 _LINE = re.compile(r"\[(?P<hash>[^\]]+)\] (?P<name>[^:]+): (?P<value>.*)", re.DOTALL)
 # Enough of a value to show what differs; the graph's code can be long.
@@ -30,6 +30,8 @@ _MAX_VALUE = 4000
 _ABSENT = "<absent>"
 # How many keys the ledger keeps (least recently used evicted), so the most a miss reads.
 _MAX_CANDIDATES = 500
+# The most a shared ledger's record or list may hold (components of a few KB each, 500 keys).
+_RECORD_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,12 @@ class KeyRecord:
 
     @classmethod
     def from_json(cls, data: dict) -> KeyRecord:
-        components = data["components"]  # JSON's names are strings already
+        """The record JSON ``data`` holds.  Raises ValueError for anything else (a shared
+        ledger is plain data anyone who can write the store may have written)."""
+        components = data.get("components") if isinstance(data, dict) else None
+        if not isinstance(components, dict) or not all(isinstance(v, list) and len(v) == 2
+                                                       for v in components.values()):
+            raise ValueError("not a key record")
         return cls(str(data["key"]), Components(tuple((n, str(v[0])) for n, v in components.items())),
                    {n: str(v[1]) for n, v in components.items()})
 
@@ -184,17 +191,17 @@ class SharedKeyLedger:
         records = []
         for key in self._recent_keys()[:limit]:
             try:
-                raw = self.engine.get(f"fx_keys/{key}")
+                raw = self.engine.get(f"fx_keys/{key}", _RECORD_BYTES)
                 if raw is not None:
                     records.append(KeyRecord.from_json(json.loads(raw)))
-            except (ValueError, KeyError, TypeError, IndexError):
+            except (ValueError, KeyError, TypeError, Refused):
                 continue
         return records
 
     def _recent_keys(self) -> list[str]:
         try:
-            keys = json.loads(self.engine.get(self.RECENT) or b"[]")
-        except ValueError:
+            keys = json.loads(self.engine.get(self.RECENT, _RECORD_BYTES) or b"[]")
+        except (ValueError, Refused):
             return []
         return [k for k in keys if isinstance(k, str) and _KEY.fullmatch(k)] if isinstance(keys, list) else []
 

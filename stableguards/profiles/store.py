@@ -22,7 +22,8 @@ import time
 from typing import Any, Protocol
 
 from stableguards.events import EVENTS
-from stableguards.storage.engines import Engine, Unavailable
+from stableguards.storage import messages as store_messages
+from stableguards.storage.engines import Engine, Refused, Unavailable
 from stableguards.profiles.profile import VERSION, Profile, ProfileError, dumps, from_json
 
 
@@ -147,7 +148,12 @@ class EngineStore:
         """The stored bytes and their profile.  Unusable bytes are moved aside (the profile is
         None, the bytes are what a swap expects); a newer profile raises _Untouchable."""
         name = self.name(key)
-        raw = self.engine.get(name)
+        try:
+            raw = self.engine.get(name)
+        except Refused as error:  # not a profile this store wrote: never read, never replaced
+            _warn(f"refused:{self.describe(key)}", f"{self.describe(key)} is not a file the store wrote ({error}); "
+                                                   "leaving it untouched and compiling without it")
+            raise _Untouchable from None
         if raw is None:
             return None, None
         if (known := self._decoded.get(name)) is not None and known[0] == raw:
@@ -169,8 +175,9 @@ class EngineStore:
             return None, None
 
     def _unavailable(self, error: Unavailable) -> None:
-        _warn(f"unavailable:{self.engine.describe()}", f"the profile store {self.engine.describe()} cannot be "
-                                                       f"used ({error}); compiling without a shared profile")
+        """One warning per cause and store, whichever part met it first (an unreachable Redis
+        fails profiles and entries alike)."""
+        store_messages.warn("a profile could not be read or saved", self.engine.describe(), error)
 
 
 class _Untouchable(Exception):

@@ -36,7 +36,7 @@ from stableguards.events import EVENTS
 from stableguards.hooks.core import Hook
 from stableguards.storage import ContentStore, Unavailable, Unusable, configured
 from stableguards.storage.artifacts import AOT_ENTRIES, FX_GRAPHS, KERNEL_BINARIES, KERNEL_SOURCES, name, serves
-from stableguards.store import binaries, messages
+from stableguards.store import binaries, messages, pickled
 
 
 def _use_remote_fx_graph_cache(call: Any) -> bool:
@@ -71,6 +71,8 @@ def _store_cache(namespace: str) -> Any:
         def _get(self, key: str) -> bytes | None:
             try:
                 data = self.store.fetch(namespace, name(key))
+                if data is not None and not _is_torchs(namespace, data):
+                    raise Unusable("it verifies, but is not an entry torch wrote", "foreign")
             except (Unusable, Unavailable) as error:  # one warning, then torch compiles as on a miss
                 messages.unreadable(namespace, self.store.describe(), error)
                 return None
@@ -90,6 +92,21 @@ def _store_cache(namespace: str) -> Any:
         pass
 
     return StableguardsStore(StoreBackend(configured(None)), RemoteCacheJsonSerde())
+
+
+def _is_torchs(namespace: str, data: bytes) -> bool:
+    """Whether ``data`` holds the kind of entry torch takes from this remote cache: the class its
+    pickle builds, read without unpickling it (``store.pickled``), is torch's own.  torch
+    unpickles it and uses it as one, and crashes the compile on anything else."""
+    if namespace == FX_GRAPHS:
+        from torch._inductor.output_code import CompiledFxGraph as expected
+    else:
+        from torch._functorch._aot_autograd.aot_autograd_result import GenericAOTAutogradResult as expected
+    module, qualname = pickled.artifact_class(data) or ("", "")
+    found = sys.modules.get(module)  # only a module torch has imported: naming one imports nothing
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return isinstance(found, type) and issubclass(found, expected)
 
 
 _FX = "torch._inductor.compile_fx"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stableguards.events import EVENTS
-from stableguards.storage.messages import warn_unreadable, warn_unwritable
+from stableguards.storage import messages
 
 _WHAT = {"fx_graph": "an inductor graph", "aot_autograd": "an AOTAutograd entry",
          "kernel_binary": "a compiled kernel binary"}
@@ -22,11 +22,11 @@ def unreadable(namespace: str, store: str, error: Exception) -> None:
     """A corrupt, truncated, foreign or unsigned artifact, or an unreachable store: compiled as on a miss."""
     EVENTS.count("store_unreadable")
     EVENTS.note(f"store: {_WHAT[namespace]} in {store} could not be read ({error!s:.200}); compiled as usual")
-    warn_unreadable(_WHAT[namespace], store, error)
+    messages.warn(f"{_WHAT[namespace]} could not be read", store, error)
 
 
 def unwritable(namespace: str, store: str, error: Exception) -> None:
-    warn_unwritable(_WHAT[namespace], store, error)
+    messages.warn(f"{_WHAT[namespace]} could not be saved", store, error)
 
 
 def built_elsewhere(store: str, differing: list[str]) -> None:

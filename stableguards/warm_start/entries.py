@@ -30,7 +30,7 @@ from collections.abc import Callable
 from stableguards.components import Components
 from stableguards.hooks.core import cache_subdir
 from stableguards.storage import ContentStore, configured
-from stableguards.storage.content import lease_seconds
+from stableguards.storage.leases import lease_seconds
 from stableguards.warm_start import variants
 from stableguards.warm_start.index import changed_components, differences, function_name, record, saved_key, write_index
 
@@ -61,28 +61,28 @@ class Leases:
     def __init__(self) -> None:
         self.held: dict[str, ContentStore] = {}
 
-    def fetch_or_claim(self, digest: str, waiting: Callable[[str], None],
+    def fetch_or_claim(self, digest: str, waiting: Callable[[str], None], slow: Callable[[str], None],
                        not_coming: Callable[[str], None]) -> bytes | None:
-        """The saved entry under ``digest``, or None.  While another process holds its lease
-        (it is compiling the same entry from the same store), wait for it (``waiting`` is told
-        the store) instead of compiling the same graphs; on a miss, take the lease, unless a
-        compile of it ended with nothing to save (``not_coming`` is told why).  Raises what
-        the store raises."""
+        """The saved entry under ``digest``, or None.  While another process holds a live
+        lease on it (it is compiling the same entry from the same store), wait for it instead of
+        compiling the same graphs (``waiting`` and, past a few seconds, ``slow`` are told the
+        holder); on a miss, take the lease, unless a compile of it ended with nothing to save
+        (``not_coming`` is told why).  Raises what the store raises."""
         found = store()
         data = fetch(found, digest)
         if data is None and (why := _left_out(found, digest)) is not None:
             not_coming(why)
             return None
+        replacing = None
         # Never wait for a lease this process holds itself (a compile of the same key under
         # way or unsaved here, e.g. before torch._dynamo.reset()).
-        if data is None and digest not in self.held and found.held(NAMESPACE, digest):
-            waiting(found.describe())
-            if found.wait_released(NAMESPACE, digest, lease_seconds()):
-                data = fetch(found, digest)
-                if data is None and (why := _left_out(found, digest)) is not None:
-                    not_coming(why)
-                    return None
-        if data is None and found.claim(NAMESPACE, digest, lease_seconds()):
+        if data is None and digest not in self.held:
+            replacing = found.wait(NAMESPACE, digest, waiting, slow)
+            data = fetch(found, digest)
+            if data is None and (why := _left_out(found, digest)) is not None:
+                not_coming(why)
+                return None
+        if data is None and found.claim(NAMESPACE, digest, replacing=replacing):
             if not self.held:
                 atexit.register(self.release_all)  # an entry still waiting for its backward
             self.held[digest] = found
@@ -90,14 +90,14 @@ class Leases:
 
     def shorten(self, digest: str) -> None:
         """An entry that waits for its backward (compiled on first use, which may never come: a
-        forward run with grad and no backward) keeps its lease for a tenth of the lease period
-        only: others wait that long for it at most, then compile it themselves."""
+        forward run with grad and no backward) keeps its lease for a tenth of the lease period,
+        unrenewed: others wait that long for it at most, then compile it themselves."""
         held = self.held.get(digest)
         if held is None:
             return
         with contextlib.suppress(Exception):  # an unreachable store: the lease expires by itself
             held.release(NAMESPACE, digest)
-            if held.claim(NAMESPACE, digest, lease_seconds() / 10):
+            if held.claim(NAMESPACE, digest, lease_seconds() / 10, renewed=False):
                 return
         self.held.pop(digest, None)
 

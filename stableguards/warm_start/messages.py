@@ -57,8 +57,15 @@ def missed(function: str, differences: list[str]) -> None:
     EVENTS.note(f"warm start: {function} has a saved entry for another key; it differs in {shown}")
 
 
-def waiting(function: str, store: str) -> None:
+def waiting(function: str, store: str, holder: str) -> None:
     """Another process is compiling the entry this one needs, from the same store: waited for."""
     EVENTS.count("warm_start_waited")
-    EVENTS.note(f"warm start: {function}: another process holds the lease on its entry in {store}; waited for "
-                f"it instead of compiling the same graphs")
+    EVENTS.note(f"warm start: {function}: {holder} holds the lease on its entry in {store}; waited for it "
+                f"instead of compiling the same graphs")
+
+
+def waiting_long(function: str, store: str, holder: str) -> None:
+    """A wait for another process's entry passed a few seconds: said once, naming who holds it."""
+    EVENTS.warn_once(f"waiting {store}", f"stableguards: waiting for {holder} to compile {function} (it holds the "
+                                         f"lease on its entry in {store}); a holder that stops renewing its lease "
+                                         f"is given up on within STABLEGUARDS_STORE_LEASE_S")

@@ -219,7 +219,9 @@ def _load(key: Components, code: Any) -> Any:
     entry's lease until this process saves it (``_save``) or gives up on it
     (``warm_start.entries``)."""
     try:
-        data = entries.LEASES.fetch_or_claim(key.digest, lambda store: messages.waiting(frame_label(code), store),
+        where = entries.store().describe()
+        data = entries.LEASES.fetch_or_claim(key.digest, lambda by: messages.waiting(frame_label(code), where, by),
+                                             lambda by: messages.waiting_long(frame_label(code), where, by),
                                              lambda why: messages.not_coming(frame_label(code), why))
         if data is None:
             if differences := entries.changed(key, code):
@@ -228,7 +230,7 @@ def _load(key: Components, code: Any) -> Any:
         EVENTS.count("warm_start_loaded_bytes", len(data))
         return _read_entry(data)
     except Exception as error:  # noqa: BLE001 - a corrupt, foreign, unsigned entry or an unreachable store
-        store_messages.warn_unreadable("a saved compiled entry", entries.store().describe(), error)
+        store_messages.warn("a saved compiled entry could not be read", entries.store().describe(), error)
         messages.not_used(frame_label(code), f"unreadable: {error!s:.200}")
         return None
 

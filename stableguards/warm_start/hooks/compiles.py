@@ -158,7 +158,7 @@ def _written(entry: Any, ours: Ours, frame: str) -> bool | None:
         entries.publish(ours.key, ours.code, _entry_bytes(entry), variants.dumps(ours.folded) if ours.folded else None)
     except Exception as error:  # noqa: BLE001 - an entry torch cannot pickle, or an unreachable store
         if not isinstance(error, RuntimeError):
-            store_messages.warn_unwritable("a compiled entry", entries.store().describe(), error)
+            store_messages.warn("a compiled entry could not be saved", entries.store().describe(), error)
         messages.left_out(frame, f"not saved ({error!s:.200})")
         entries.LEASES.release(ours.key.digest)
         return False

@@ -6,20 +6,40 @@ A tiny compiled function (eager backend, so the call is mostly Dynamo's own
 overhead) is called in rounds that alternate the flag; the table gives the
 median nanoseconds per call.  With the flag on, cache entries hold an interned
 key, so the C++ lookup still matches by pointer and no Python runs per call.
+
+Writes bench/out/backend_call_cost.json.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch._dynamo
 
+import report
 import stableguards  # noqa: F401 - registers the flag
+from columns import aligned, markdown as markdown_table
 
+HERE = Path(__file__).resolve().parent
 CALLS = 20_000
 ROUNDS = 15
+
+COLUMNS = (
+    ("flag off ns", lambda r: f"{r['off_ns']:.0f}"),
+    ("flag on ns", lambda r: f"{r['on_ns']:.0f}"),
+    ("difference ns", lambda r: f"{r['on_ns'] - r['off_ns']:+.0f}"),
+    ("on/off", lambda r: f"{r['on_ns'] / r['off_ns']:.3f}"),
+)
+
+
+def markdown(rows: list[dict]) -> str:
+    """docs/benchmarks.md's table (``bench/report.py``)."""
+    return markdown_table(COLUMNS, rows)
 
 
 # One function per flag setting, so each has its own cache entries.
@@ -38,7 +58,10 @@ def ns_per_call(compiled, x) -> float:
     return (time.perf_counter_ns() - start) / CALLS
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=HERE / "out")
+    args = parser.parse_args(argv)
     x = torch.ones(1)
     timings = {}
     for flag, fn in ((False, add_one_flag_off), (True, add_one_flag_on)):
@@ -52,12 +75,11 @@ def main() -> None:
             off.append(ns_per_call(timings[False], x))
         with torch._dynamo.config.patch(stable_guards=True):
             on.append(ns_per_call(timings[True], x))
-    off_ns, on_ns = statistics.median(off), statistics.median(on)
-    print(f"{'warm call':<10} {'median ns':>10}")
-    print(f"{'flag off':<10} {off_ns:>10.0f}")
-    print(f"{'flag on':<10} {on_ns:>10.0f}")
-    print(f"difference {on_ns - off_ns:>+10.0f} ns  (ratio {on_ns / off_ns:.3f})")
+    rows = [{"off_ns": statistics.median(off), "on_ns": statistics.median(on)}]
+    print(aligned(COLUMNS, rows))
+    print(f"rows: {report.write(args.out, 'backend_call_cost', rows, argv)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

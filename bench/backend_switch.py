@@ -4,18 +4,27 @@
 
 Every scenario runs twice in this process, after torch._dynamo.reset(), once
 per flag setting.  "wrong" counts calls that returned another backend's result.
+
+Writes bench/out/backend_switch.json.
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
+import sys
 import weakref
+from pathlib import Path
 
 import torch
 import torch._dynamo
 from torch._dynamo.backends.common import aot_autograd
 
+import report
 import stableguards  # noqa: F401 - registers the flag
+from columns import aligned, markdown as markdown_table
+
+HERE = Path(__file__).resolve().parent
 
 
 def f(x):
@@ -64,12 +73,11 @@ def nop(gm, example_inputs):
     return gm.forward
 
 
-def counters_see_their_compiles() -> tuple[int, int]:
+def counters_see_their_compiles() -> dict:
     from torch._dynamo.testing import CompileCounter
 
     first, second = CompileCounter(), CompileCounter()
-    compiled, wrong = run([first, second])
-    return compiled, int(second.frame_count != 1)
+    return {**run([first, second]), "wrong": int(second.frame_count != 1)}
 
 
 def compiles() -> int:
@@ -77,14 +85,14 @@ def compiles() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
-def run(backends, expected=None) -> tuple[int, int]:
+def run(backends, expected=None) -> dict:
     x = torch.ones(2)
     before, wrong = compiles(), 0
     for i, backend in enumerate(backends):
         out = torch.compile(f, backend=backend)(x)
         if expected is not None and out[0].item() != expected[i]:
             wrong += 1
-    return compiles() - before, wrong
+    return {"compiles": compiles() - before, "wrong": wrong}
 
 
 def leak() -> str:
@@ -113,33 +121,52 @@ SCENARIOS = {
 }
 
 
-def _limited() -> tuple[int, int]:
+def _limited() -> dict:
     with torch._dynamo.config.patch(recompile_limit=8):
         scales = list(range(2, 12))
         return run([Scaled(s) for s in scales], [2 * s for s in scales])
 
 
-def main() -> None:
-    rows = []
-    for name, scenario in SCENARIOS.items():
-        cells = []
-        for flag in (False, True):
-            torch._dynamo.reset()
-            with torch._dynamo.config.patch(stable_guards=flag):
-                compiled, wrong = scenario()
-            cells.append(f"{compiled} compiles" + (f", {wrong} wrong" if wrong else ""))
-        rows.append((name, *cells))
-    cells = []
+def outcome(cell: dict) -> str:
+    """A scenario's compiles (and wrong results), or what became of the backend."""
+    if "backend" in cell:
+        return cell["backend"]
+    return f"{cell['compiles']} compiles" + (f", {cell['wrong']} wrong" if cell["wrong"] else "")
+
+
+COLUMNS = (
+    ("scenario", lambda r: r["scenario"]),
+    ("flag off", lambda r: outcome(r["off"])),
+    ("flag on", lambda r: outcome(r["on"])),
+)
+
+
+def markdown(rows: list[dict]) -> str:
+    """docs/benchmarks.md's table (``bench/report.py``)."""
+    return markdown_table(COLUMNS, rows)
+
+
+def by_flag(measure) -> dict:
+    """``measure()``'s result with the flag off and on, each after torch._dynamo.reset()."""
+    cells = {}
     for flag in (False, True):
         torch._dynamo.reset()
         with torch._dynamo.config.patch(stable_guards=flag):
-            cells.append(leak())
-    rows.append(("backend after del + gc (no reset)", *cells))
-    width = max(len(r[0]) for r in rows)
-    print(f"{'scenario':<{width}}  {'flag off':<22}  flag on")
-    for name, off, on in rows:
-        print(f"{name:<{width}}  {off:<22}  {on}")
+            cells["on" if flag else "off"] = measure()
+    return cells
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=HERE / "out")
+    args = parser.parse_args(argv)
+    rows = [{"scenario": name, **by_flag(scenario)} for name, scenario in SCENARIOS.items()]
+    rows.append({"scenario": "backend after del + gc (no reset)", **by_flag(lambda: {"backend": leak()})})
+    print(aligned(COLUMNS, rows))
+    # stderr: tests/test_backend_match.py reads the table from stdout.
+    print(f"rows: {report.write(args.out, 'backend_switch', rows, argv)}", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

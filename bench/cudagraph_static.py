@@ -1,6 +1,6 @@
 """Cudagraphs under stable_guards: is a moved static input named, and does strict mode raise?
 
-    .venv/bin/python bench/cudagraph_static.py
+    python bench/cudagraph_static.py
 
 Needs CUDA; without it, it says so and exits 0.  Trains a small nn.Linear with
 Adam, the step (forward, backward, opt.step) compiled with
@@ -12,20 +12,25 @@ stableguards.cudagraphs.strict_static_inputs is on.  "re-records" counts graphs
 torch recorded after the move (CUDAGraphTreeManager.record_function calls).
 In the whole-step scenarios the grads come out of the recorded backward graph,
 so cudagraphs treat them as static and copy none; "step only" compiles just
-opt.step after an eager backward, so one warning must say its grads are copied.  Prints a table, writes
-bench/out/cudagraph_static.json and exits 1 if a scenario did not behave as expected.
+opt.step after an eager backward, so one warning must say its grads are copied.
+Exits 1 if a scenario did not behave as expected.
+
+Writes bench/out/cudagraph_static.json.
 """
 
 from __future__ import annotations
 
-import json
+import argparse
 import logging
 import sys
 from pathlib import Path
 
 import torch
 
-OUT = Path(__file__).resolve().parent / "out" / "cudagraph_static.json"
+import report
+from columns import aligned, markdown as markdown_table
+
+HERE = Path(__file__).resolve().parent
 STEPS = 4
 # The Dynamo source of the rebound parameter, as the warning must name it.
 MOVED = "_parameters['weight']"
@@ -104,13 +109,13 @@ def scenario(name: str, strict: bool, recordings: list[int], whole_step: bool = 
     moves = [m for m in handler.messages if " -> 0x" in m]
     return {
         "scenario": name,
-        "warnings naming the weight": sum(MOVED in m for m in moves),
-        "re-records": recordings[0] - before_move,
+        "weight_warnings": sum(MOVED in m for m in moves),
+        "rerecords": recordings[0] - before_move,
         "raised": bool(error),
-        "grads copied warnings": sum("copied" in m for m in handler.messages),
+        "copied_warnings": sum("copied" in m for m in handler.messages),
         "messages": handler.messages,
         "error": error,
-        "inductor counters": dict(torch._dynamo.utils.counters["inductor"]),
+        "inductor_counters": dict(torch._dynamo.utils.counters["inductor"]),
     }
 
 
@@ -118,11 +123,29 @@ def as_expected(row: dict) -> bool:
     if row["scenario"] == "strict":
         return MOVED in row["error"]
     if row["scenario"] == "step only":
-        return row["grads copied warnings"] == 1 and not row["raised"]
-    return row["warnings naming the weight"] >= 1 and not row["raised"]
+        return row["copied_warnings"] == 1 and not row["raised"]
+    return row["weight_warnings"] >= 1 and not row["raised"]
 
 
-def main() -> int:
+COLUMNS = (
+    ("scenario", lambda r: r["scenario"]),
+    ("warnings naming the weight", lambda r: r["weight_warnings"]),
+    ("re-records", lambda r: r["rerecords"]),
+    ("raised", lambda r: "yes" if r["raised"] else "no"),
+    ("grads copied warnings", lambda r: r["copied_warnings"]),
+    ("as expected", lambda r: "yes" if as_expected(r) else "NO"),
+)
+
+
+def markdown(rows: list[dict]) -> str:
+    """docs/benchmarks.md's table (``bench/report.py``)."""
+    return markdown_table(COLUMNS, rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=HERE / "out")
+    args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("cudagraph_static: CUDA is not available, nothing to measure (needs a GPU).")
         return 0
@@ -134,13 +157,8 @@ def main() -> int:
     rows = [scenario("rebind param", False, recordings), scenario("strict", True, recordings),
             scenario("step only", False, recordings, whole_step=False)]
 
-    columns = ["scenario", "warnings naming the weight", "re-records", "raised", "grads copied warnings"]
-    print(" | ".join(columns))
-    for row in rows:
-        print(" | ".join(str(row[c]) for c in columns) + ("" if as_expected(row) else "   <- unexpected"))
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(rows, indent=2))
-    print(f"wrote {OUT}")
+    print(aligned(COLUMNS, rows))
+    print(f"rows: {report.write(args.out, 'cudagraph_static', rows, argv)}")
     return 0 if all(as_expected(row) for row in rows) else 1
 
 

@@ -1,24 +1,45 @@
 """What stableguards adds to `import torch`, measured in fresh processes.
 
     python bench/import_time.py
+    python bench/import_time.py --runs 3      # quicker, noisier
 
 torch loads the `torch.backends` entry points at the end of `import torch`;
 TORCH_DEVICE_BACKEND_AUTOLOAD=0 switches that off, so the difference between
 the two settings is what the installed package costs.  Runs alternate between
 the settings; medians are reported.  `-X importtime` gives the package's own
 share without the noise of the whole import.
+
+Writes bench/out/import_time.json.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-RUNS = 11
+import report
+from columns import aligned, markdown as markdown_table
+
+HERE = Path(__file__).resolve().parent
+
+COLUMNS = (
+    ("entry points off s", lambda r: f"{r['off_s']:.3f}"),
+    ("entry points on s", lambda r: f"{r['on_s']:.3f}"),
+    ("difference s", lambda r: f"{r['on_s'] - r['off_s']:+.3f}"),
+    ("on/off", lambda r: f"{r['on_s'] / r['off_s']:.3f}"),
+    ("own modules ms", lambda r: f"{r['own_us'] / 1000:.1f}"),
+)
+
+
+def markdown(rows: list[dict]) -> str:
+    """docs/benchmarks.md's table (``bench/report.py``)."""
+    return markdown_table(COLUMNS, rows)
 
 
 def import_seconds(autoload: bool) -> float:
@@ -43,18 +64,21 @@ def own_import_us() -> int:
     return max(cumulative)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=11, help="imports per setting")
+    parser.add_argument("--out", type=Path, default=HERE / "out")
+    args = parser.parse_args(argv)
     off, on = [], []
-    for _ in range(RUNS):
+    for _ in range(args.runs):
         off.append(import_seconds(False))
         on.append(import_seconds(True))
-    off_s, on_s = statistics.median(off), statistics.median(on)
-    print(f"{'import torch':<34} {'median s':>9}")
-    print(f"{'entry points off (no stableguards)':<34} {off_s:>9.3f}")
-    print(f"{'entry points on (stableguards)':<34} {on_s:>9.3f}")
-    print(f"{'difference':<34} {on_s - off_s:>+9.3f}  ratio {on_s / off_s:.3f}")
-    print(f"stableguards' own modules (-X importtime): {own_import_us() / 1000:.1f} ms")
+    rows = [{"off_s": statistics.median(off), "on_s": statistics.median(on), "own_us": own_import_us()}]
+    print("import torch, median of the runs; stableguards' own modules per -X importtime")
+    print(aligned(COLUMNS, rows))
+    print(f"rows: {report.write(args.out, 'import_time', rows, argv)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

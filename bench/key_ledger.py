@@ -3,18 +3,39 @@
     python bench/key_ledger.py
 
 Fills a ledger with N recorded keys of realistic size (about 200 components,
-a 2 KB graph) and times one miss explanation: read the most recent keys,
-pick the closest, diff it.  This runs once per local cache miss, that is,
-once per graph that inductor then compiles for seconds.
+a 2 KB graph) and times one miss explanation (read the most recent keys,
+pick the closest, diff it; median of 5) and the recording of one more key.  An
+explanation runs once per local cache miss, that is, once per graph that
+inductor then compiles for seconds.
+
+Writes bench/out/key_ledger.json.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
+import report
+from columns import aligned, markdown as markdown_table
 from stableguards.keys.ledger import KeyLedger, KeyRecord, differences, nearest
+
+HERE = Path(__file__).resolve().parent
+
+COLUMNS = (
+    ("recorded keys", lambda r: r["keys"]),
+    ("explain a miss, ms", lambda r: f"{r['explain_ms']:.1f}"),
+    ("record a key, ms", lambda r: f"{r['record_ms']:.1f}"),
+)
+
+
+def markdown(rows: list[dict]) -> str:
+    """docs/benchmarks.md's table (``bench/report.py``)."""
+    return markdown_table(COLUMNS, rows)
 
 
 def make_record(i: int) -> KeyRecord:
@@ -25,8 +46,11 @@ def make_record(i: int) -> KeyRecord:
     return KeyRecord.from_debug_lines(f"key{i:05d}", lines)
 
 
-def main() -> None:
-    print(f"{'recorded keys':>13} {'explain a miss, ms':>19} {'record a key, ms':>17}")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=HERE / "out")
+    args = parser.parse_args(argv)
+    rows = []
     for n in (10, 100, 500):
         with tempfile.TemporaryDirectory() as d:
             ledger = KeyLedger(d)
@@ -42,8 +66,11 @@ def main() -> None:
             start = time.perf_counter()
             ledger.record(new)
             record_ms = (time.perf_counter() - start) * 1000
-        print(f"{n:>13} {statistics.median(explain):>19.1f} {record_ms:>17.1f}")
+        rows.append({"keys": n, "explain_ms": statistics.median(explain), "record_ms": record_ms})
+    print(aligned(COLUMNS, rows))
+    print(f"rows: {report.write(args.out, 'key_ledger', rows, argv)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

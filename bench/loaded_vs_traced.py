@@ -5,18 +5,28 @@ only ``loaded``.  The warm process (a fresh one on the same cache dir) installs
 ``loaded``'s saved entry and traces ``traced``: the two then differ only in how
 their entry got there.  A second pair of processes does the same with the flag
 off (both traced, from torch's caches in the warm one).  Cells: microseconds per
-call, the fastest of 9 batches of 2000 calls.
+call, the fastest of 9 batches of 2000 calls; the warm process's loaded/traced; the
+entries it installed.
 
     python bench/loaded_vs_traced.py
+
+Writes bench/out/loaded_vs_traced.json.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
+
+import report
+from columns import aligned, markdown as markdown_table
+
+HERE = Path(__file__).resolve().parent
 
 CHILD = """
 import json, os, sys, time
@@ -63,17 +73,35 @@ def run(stage: str, flag: str, cache_dir: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main() -> int:
+COLUMNS = (
+    ("flag", lambda r: r["flag"]),
+    ("cold: loaded fn", lambda r: f"{r['cold']['loaded']:.2f}"),
+    ("warm: loaded fn", lambda r: f"{r['warm']['loaded']:.2f}"),
+    ("warm: traced fn", lambda r: f"{r['warm']['traced']:.2f}"),
+    ("loaded/traced", lambda r: f"{r['warm']['loaded'] / r['warm']['traced']:.3f}"),
+    ("installed", lambda r: r["warm"]["installed"]),
+)
+
+
+def markdown(rows: list[dict]) -> str:
+    """docs/benchmarks.md's table (``bench/report.py``)."""
+    return markdown_table(COLUMNS, rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=HERE / "out")
+    args = parser.parse_args(argv)
     import torch
 
-    print(f"torch {torch.__version__}, inductor on CPU; us per call")
-    print(f"{'flag':>4} {'cold: loaded fn':>16} {'warm: loaded fn':>16} {'warm: traced fn':>16} {'installed':>9}")
+    print(f"torch {torch.__version__}, inductor on CPU; us per call", flush=True)
+    rows = []
     for flag in ("0", "1"):
         with tempfile.TemporaryDirectory(prefix="sg-lvt-") as cache_dir:
-            cold = run("cold", flag, cache_dir)
-            warm = run("warm", flag, cache_dir)
-        print(f"{'on' if flag == '1' else 'off':>4} {cold['loaded']:16.2f} {warm['loaded']:16.2f} "
-              f"{warm['traced']:16.2f} {warm['installed']:9d}")
+            rows.append({"flag": "on" if flag == "1" else "off", "cold": run("cold", flag, cache_dir),
+                         "warm": run("warm", flag, cache_dir)})
+    print(aligned(COLUMNS, rows))
+    print(f"rows: {report.write(args.out, 'loaded_vs_traced', rows, argv)}")
     return 0
 
 

@@ -6,18 +6,28 @@ then walks the C++ guard tree of the step frame's live cache entry (leaf
 guards by kind, dict key/value managers included) and times
 ``guard_manager.check(f_locals)`` directly: best of 20 batches of 500 calls,
 so the number is the check's cost, not the machine's noise.  Flag off and on
-run back to back.
+run back to back.  Columns, flag off and on: the leaf guards, the kinds with at
+least one per parameter (count per parameter), the check's microseconds, on/off.
 
-    .venv/bin/python bench/optimizer_guard_check.py
+    python bench/optimizer_guard_check.py
+    python bench/optimizer_guard_check.py --optimizers SGD --sizes 10
+
+Writes bench/out/optimizer_guard_check.json.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import report
+from columns import aligned, markdown as markdown_table
+
+HERE = Path(__file__).resolve().parent
 
 CHILD = r"""
 import json, sys, timeit
@@ -55,27 +65,52 @@ sys.exit("no passing cache entry for the step frame")
 
 def run(name: str, n: int, flag: bool) -> dict:
     env = dict(os.environ, TORCHDYNAMO_STABLE_GUARDS="1" if flag else "0",
-               PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parent),
+               PYTHONPATH=os.pathsep.join([str(HERE),
                                            os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", CHILD, name, str(n)], env=env, capture_output=True,
                           text=True, timeout=1200, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def per_param(kinds: dict, n: int) -> str:
+def per_param(r: dict, flag: str) -> str:
+    kinds, n = r[flag]["kinds"], r["n"]
     return ", ".join(f"{kind} {count / n:.2g}" for kind, count in sorted(kinds.items()) if count >= n)
 
 
-def main() -> None:
-    print("| optimizer | N | flag | C++ leaf guards | per parameter (kinds with ≥ 1) | check µs |")
-    print("|---|---:|---|---:|---|---:|")
-    for name in ("SGD", "Adam"):
-        for n in (10, 100, 1000):
-            for flag in (False, True):
-                r = run(name, n, flag)
-                print(f"| {name} | {n} | {'on' if flag else 'off'} | {sum(r['kinds'].values())} "
-                      f"| {per_param(r['kinds'], n)} | {r['check_us']:.1f} |", flush=True)
+COLUMNS = (
+    ("optimizer", lambda r: r["optimizer"]),
+    ("N", lambda r: r["n"]),
+    ("leaf guards off", lambda r: sum(r["off"]["kinds"].values())),
+    ("leaf guards on", lambda r: sum(r["on"]["kinds"].values())),
+    ("per parameter off", lambda r: per_param(r, "off")),
+    ("per parameter on", lambda r: per_param(r, "on")),
+    ("check us off", lambda r: f"{r['off']['check_us']:.1f}"),
+    ("check us on", lambda r: f"{r['on']['check_us']:.1f}"),
+    ("check on/off", lambda r: f"{r['on']['check_us'] / r['off']['check_us']:.2f}"),
+)
+
+
+def markdown(rows: list[dict]) -> str:
+    """docs/benchmarks.md's table (``bench/report.py``)."""
+    return markdown_table(COLUMNS, rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--optimizers", nargs="+", default=["SGD", "Adam"], choices=["SGD", "Adam"])
+    parser.add_argument("--sizes", nargs="+", type=int, default=[10, 100, 1000])
+    parser.add_argument("--out", type=Path, default=HERE / "out")
+    args = parser.parse_args(argv)
+    rows = []
+    for name in args.optimizers:
+        for n in args.sizes:
+            rows.append({"optimizer": name, "n": n, "off": run(name, n, False), "on": run(name, n, True)})
+            print(aligned(COLUMNS, rows).splitlines()[-1], flush=True)
+    print()
+    print(aligned(COLUMNS, rows))
+    print(f"rows: {report.write(args.out, 'optimizer_guard_check', rows, argv)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

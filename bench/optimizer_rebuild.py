@@ -8,18 +8,24 @@ runs the step eagerly without a word), the live cache entries left for the
 step, live tensor objects (fake ones included) after rebuilds 1, 10 and 20,
 and whether the last optimizer's parameters equal an eager twin's.
 
-    .venv/bin/python bench/optimizer_rebuild.py
+    python bench/optimizer_rebuild.py
+
+Writes bench/out/optimizer_rebuild.json.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent / "out"
+import report
+from columns import aligned, markdown as markdown_table
+
+HERE = Path(__file__).resolve().parent
 REBUILDS = 20
 
 CHILD = r"""
@@ -80,19 +86,36 @@ def run(flag: bool) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    rows = {"off": run(False), "on": run(True)}
+def _live(r: dict) -> str:
+    return " / ".join(str(r["live_tensors"][k]) for k in sorted(r["live_tensors"], key=int))
+
+
+COLUMNS = (
+    ("flag", lambda r: r["flag"]),
+    ("step compiles", lambda r: r["compiles"]),
+    ("recompile limit hit", lambda r: "yes" if r["limit_hit"] else "no"),
+    ("live step entries", lambda r: r["live_step_entries"]),
+    ("live tensors after 1 / 10 / 20", _live),
+    ("entries released", lambda r: r["released"]),
+    ("==eager", lambda r: "yes" if r["equal"] else "NO"),
+)
+
+
+def markdown(rows: list[dict]) -> str:
+    """docs/benchmarks.md's table (``bench/report.py``)."""
+    return markdown_table(COLUMNS, rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=HERE / "out")
+    args = parser.parse_args(argv)
+    rows = [{"flag": "off", **run(False)}, {"flag": "on", **run(True)}]
     print(f"Adam over 4 params, rebuilt {REBUILDS} times under one compiled train step (eager backend)\n")
-    print("| flag | step compiles | recompile limit hit | live step entries | live tensors after 1 / 10 / 20 "
-          "| entries released | ==eager |")
-    print("|---|---:|---|---:|---|---:|---|")
-    for name, r in rows.items():
-        live = " / ".join(str(r["live_tensors"][k]) for k in sorted(r["live_tensors"], key=int))
-        print(f"| {name} | {r['compiles']} | {'yes' if r['limit_hit'] else 'no'} | {r['live_step_entries']} "
-              f"| {live} | {r['released']} | {'yes' if r['equal'] else 'NO'} |")
-    OUT.mkdir(exist_ok=True)
-    (OUT / "optimizer_rebuild.json").write_text(json.dumps(rows, indent=2))
+    print(aligned(COLUMNS, rows))
+    print(f"rows: {report.write(args.out, 'optimizer_rebuild', rows, argv)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

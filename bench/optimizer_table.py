@@ -44,7 +44,7 @@ Where each number comes from (torch 2.13):
   With ``--backend inductor`` this is the run of issue 13:
   ``python bench/optimizer_table.py --backend inductor --schedules onecycle,plateau --sizes 10,100``.
 
-Writes bench/out/optimizer_table.json (one entry per child, errors included).
+Writes bench/out/optimizer_table.json (one row per child, errors included).
 """
 
 from __future__ import annotations
@@ -57,6 +57,9 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+import report
+from columns import aligned, markdown as markdown_table
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "out"
@@ -137,24 +140,36 @@ def ratio(off: object, on: object) -> str:
     return "-"
 
 
-def format_table(title: str, columns: tuple[Column, ...], rows: list[tuple[dict, dict]],
-                 errors: bool) -> str:
-    """A Markdown table: one row per (optimizer, N); off, on (and on/off) per column."""
-    header = ["optimizer", "N"]
-    for name, _, numeric in columns:
-        header += [f"{name} off", f"{name} on"] + ([f"{name} on/off"] if numeric else [])
-    header += ["errors"] if errors else []
-    rule = ["---"] + ["---:"] * (len(header) - 1 - errors) + ["---"] * errors
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(rule) + "|"]
-    for off, on in rows:
-        line = [off["optimizer"], str(off["n"])]
-        for _, get, numeric in columns:
-            a, b = cell(off, get), cell(on, get)
-            line += [fmt(a), fmt(b)] + ([ratio(a, b)] if numeric else [])
-        if errors:
-            line.append("; ".join(f"{r['config']}: {r['error']}" for r in (off, on) if "error" in r))
-        lines.append("| " + " | ".join(line) + " |")
-    return "\n".join([f"### {title}", "", *lines])
+def pair_columns(columns: tuple[Column, ...], errors: bool) -> list[tuple[str, Callable]]:
+    """The columns of a table over (off, on) pairs: optimizer, N; off, on (and on/off) per column."""
+    out = [("optimizer", lambda p: p[0]["optimizer"]), ("N", lambda p: p[0]["n"])]
+    for name, get, numeric in columns:
+        out += [(f"{name} off", lambda p, get=get: fmt(cell(p[0], get))),
+                (f"{name} on", lambda p, get=get: fmt(cell(p[1], get)))]
+        if numeric:
+            out.append((f"{name} on/off", lambda p, get=get: ratio(cell(p[0], get), cell(p[1], get))))
+    if errors:
+        out.append(("errors", lambda p: "; ".join(f"{r['config']}: {r['error']}" for r in p if "error" in r)))
+    return out
+
+
+def tables(rows: list[dict], table: Callable) -> str:
+    """Every table of TABLES for each schedule in ``rows``, made by ``table(columns, pairs)``."""
+    out = []
+    for schedule in dict.fromkeys(r["schedule"] for r in rows):
+        pairs: dict[tuple, dict] = {}
+        for r in rows:
+            if r["schedule"] == schedule:
+                pairs.setdefault((r["optimizer"], r["n"]), {})[r["config"]] = r
+        for i, (title, columns) in enumerate(TABLES.items()):
+            body = table(pair_columns(columns, errors=i == 0), [(p["off"], p["on"]) for p in pairs.values()])
+            out.append(f"### {title} ({schedule})\n\n{body}")
+    return "\n\n".join(out)
+
+
+def markdown(rows: list[dict]) -> str:
+    """docs/benchmarks.md's tables (``bench/report.py``)."""
+    return tables(rows, markdown_table)
 
 
 def measure_row(optimizer: str, n: int, backend: str, reps: int, timeout: float,
@@ -187,23 +202,19 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown optimizers {sorted(unknown)}; choose from {', '.join(OPTIMIZERS)}")
 
-    rows, all_rows = [], []
+    rows = []
     for schedule in args.schedules:
-        rows = []
+        pairs = []
         for optimizer in args.optimizers:
             for n in args.sizes:
-                rows.append(measure_row(optimizer, n, args.backend, args.reps, args.timeout,
-                                        on_first=len(rows) % 2 == 1, schedule=schedule))
+                pairs.append(measure_row(optimizer, n, args.backend, args.reps, args.timeout,
+                                         on_first=len(pairs) % 2 == 1, schedule=schedule))
+        measured = [r for pair in pairs for r in pair]
         print(f"backend={args.backend}, schedule={schedule}, {args.reps} timed steps; "
               f"on/off = flag on / flag off\n")
-        for i, (title, columns) in enumerate(TABLES.items()):
-            print(format_table(f"{title} ({schedule})", columns, rows, errors=i == 0), end="\n\n", flush=True)
-        all_rows += rows
-    rows = all_rows
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "optimizer_table.json"
-    path.write_text(json.dumps([r for pair in rows for r in pair], indent=2))
-    print(f"rows: {path}")
+        print(tables(measured, aligned), end="\n\n", flush=True)
+        rows += measured
+    print(f"rows: {report.write(args.out, 'optimizer_table', rows, argv)}")
     return 0
 
 

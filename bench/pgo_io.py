@@ -4,7 +4,10 @@
 
 The profile has 10 frames of 100 two-dimensional tensor sources.  Rows compare
 with upstream's format (a pickle of torch's FrameStateSizeEntry objects, what
-torch 2.13 writes and reads) on the same state, in the same run.
+torch 2.13 writes and reads) on the same state, in the same run.  Cells: the
+median of 21 rounds.
+
+Writes bench/out/pgo_io.json.
 """
 
 from __future__ import annotations
@@ -12,15 +15,26 @@ from __future__ import annotations
 import argparse
 import pickle
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import report
+from columns import aligned, markdown as markdown_table
 from stableguards.profiles.profile import DYNAMIC, CodeKey, Profile, SourceEntry, specialized, static
 from stableguards.profiles.store import EngineStore, decode, encode
 from stableguards.storage.engines import DirectoryEngine
 
+HERE = Path(__file__).resolve().parent
 ROUNDS = 21
+COLUMNS = (("operation", lambda r: r["operation"]), ("median ms", lambda r: f"{r['ms']:.2f}"))
+
+
+def markdown(rows: list[dict]) -> str:
+    """docs/benchmarks.md's table (``bench/report.py``)."""
+    return markdown_table(COLUMNS, rows)
 
 
 def make_profile(frames: int = 10, per_frame: int = 100) -> Profile:
@@ -46,10 +60,11 @@ def median_ms(fn: Callable[[], object]) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--redis", metavar="URL", help="also time a Redis store")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=HERE / "out")
+    args = parser.parse_args(argv)
 
     import stableguards.profiles.hooks as integration  # the converters to torch's objects
 
@@ -84,11 +99,11 @@ def main() -> None:
         redis_store.clear("bench")
     print(f"profile: {len(profile)} sources in {len(profile.frames)} frames, "
           f"{len(raw) / 1024:.0f} KiB JSON ({len(pickled) / 1024:.0f} KiB as upstream's pickle)")
-    width = max(len(name) for name, _ in rows)
-    print(f"{'operation':<{width}}  median ms")
-    for name, ms in rows:
-        print(f"{name:<{width}}  {ms:9.2f}")
+    rows = [{"operation": name, "ms": ms} for name, ms in rows]
+    print(aligned(COLUMNS, rows))
+    print(f"rows: {report.write(args.out, 'pgo_io', rows, argv)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -6,7 +6,10 @@ bound on the first call, a Python check), flag off beside.
 
 Each setting runs a cold process and then a warm one on one new cache dir; each process
 compiles ``opt.step()`` of SGD over ``--params`` small parameters, runs it 50 times, then
-times ``--calls`` calls (median of 5 rounds).  Prints microseconds per call.
+times ``--calls`` calls (median of 5 rounds).  Columns: microseconds per call, cold and
+warm, and warm/cold.
+
+Writes bench/out/warm_step_cost.json.
 """
 
 from __future__ import annotations
@@ -17,7 +20,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
+from pathlib import Path
+
+import report
+from columns import aligned, markdown as markdown_table
+
+HERE = Path(__file__).resolve().parent
 
 CHILD = """
 import json, os, sys, time, statistics
@@ -47,20 +55,34 @@ def _run(cache: str, flag: bool, params: int, calls: int) -> float:
     return json.loads(proc.stdout.strip().splitlines()[-1])["us"]
 
 
-def main() -> None:
+COLUMNS = (
+    ("flag", lambda r: r["flag"]),
+    ("cold us/call", lambda r: f"{r['cold_us']:.1f}"),
+    ("warm us/call", lambda r: f"{r['warm_us']:.1f}"),
+    ("warm/cold", lambda r: f"{r['warm_us'] / r['cold_us']:.3f}"),
+)
+
+
+def markdown(rows: list[dict]) -> str:
+    """docs/benchmarks.md's table (``bench/report.py``)."""
+    return markdown_table(COLUMNS, rows)
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=int, default=150)
     parser.add_argument("--calls", type=int, default=2000)
-    args = parser.parse_args()
-    print(f"{'flag':>5} {'cold us/call':>13} {'warm us/call':>13} {'warm/cold':>10}")
+    parser.add_argument("--out", type=Path, default=HERE / "out")
+    args = parser.parse_args(argv)
+    rows = []
     for flag in (False, True):
         with tempfile.TemporaryDirectory() as cache:
-            cold = _run(cache, flag, args.params, args.calls)
-            warm = _run(cache, flag, args.params, args.calls)
-        print(f"{'on' if flag else 'off':>5} {cold:13.1f} {warm:13.1f} {warm / cold:10.3f}")
+            rows.append({"flag": "on" if flag else "off", "cold_us": _run(cache, flag, args.params, args.calls),
+                         "warm_us": _run(cache, flag, args.params, args.calls)})
+    print(aligned(COLUMNS, rows))
+    print(f"rows: {report.write(args.out, 'warm_step_cost', rows, argv)}")
+    return 0
 
 
 if __name__ == "__main__":
-    start = time.perf_counter()
-    main()
-    print(f"({time.perf_counter() - start:.0f} s)", file=sys.stderr)
+    sys.exit(main())

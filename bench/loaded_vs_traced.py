@@ -34,7 +34,6 @@ import torch, torch._dynamo
 import torch._inductor.compile_fx
 torch._dynamo.config.stable_guards = os.environ["FLAG"] == "1"
 import stableguards
-from torch._dynamo.utils import counters
 
 def loaded(x):
     return x * 2 + 1
@@ -56,7 +55,7 @@ def per_call(fn, x):
 x = torch.randn(4)
 a = torch.compile(loaded)
 a(x)
-out = {"installed": counters["dynamo_cache"]["dynamo_cache_hit"]}
+out = {"installed": stableguards.EVENTS.counters["warm_start_loaded"]}
 if sys.argv[1] == "warm":
     b = torch.compile(traced)
     b(x)

@@ -17,6 +17,7 @@ import functools
 import os
 from pathlib import Path
 
+from stableguards.storage import trust
 from stableguards.storage.content import ContentStore, Unusable
 from stableguards.storage.engines import DirectoryEngine, Engine, RedisEngine, Unavailable
 
@@ -56,4 +57,8 @@ def configured(default_dir: Path | None) -> ContentStore:
 
 @functools.lru_cache(maxsize=16)
 def _configured(location: str, key: str, default_dir: str | None) -> ContentStore:
-    return open_store(Path(default_dir) if default_dir is not None else None, location, key)
+    store = open_store(Path(default_dir) if default_dir is not None else None, location, key)
+    if location or default_dir is not None:  # said once: this store is built once
+        trust.check(store.describe(), None if is_redis(location) else Path(location or str(default_dir)),
+                    bool(location), bool(key))
+    return store

@@ -85,9 +85,11 @@ def make_fault(engine, entry: int, fault: str, target: str, tmp: Path, older: di
                  "dead holder": Lease("dead:1:x", 1, 7).signed(KEY, lease_name).dumps(),
                  "far future": json.dumps({"owner": "forger", "expires": 1e12}).encode(),
                  "garbage": os.urandom(64)}.get(fault)
-        if lease is not None:
+        if lease is None:  # what the store never writes, at the lease's name
+            plant(Path(engine.directory), lease_name, fault, tmp)
+        else:
             engine.put(lease_name, lease)
-            return
+        return
     name = record_name
     if target == "blob":
         raw = _current(engine, record_name)

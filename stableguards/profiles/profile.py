@@ -284,7 +284,7 @@ def from_json(data: Any) -> Profile:
         raise ProfileError(f"not a {FORMAT} profile")
     version = data.get("version")
     if version != VERSION:
-        raise ProfileError(f"profile version {version!r}; this stableguards reads version {VERSION}")
+        raise ProfileError(f"profile version {version!r:.20}; this stableguards reads version {VERSION}")
     frames_json = _expect(data.get("frames"), list, "frames")
     frames: dict[CodeKey, dict[str, SourceEntry]] = {}
     for i, frame in enumerate(frames_json):
@@ -343,7 +343,7 @@ def _dim_from_json(data: Any, where: str) -> Dim:
         ):
             return specialized(*data["specialized"])
     raise ProfileError(f"{where}: expected unset, varied, dynamic, {{static: v}} or "
-                       f"{{specialized: [reasons]}}, got {data!r}")
+                       f"{{specialized: [reasons]}}, got {data!r:.60}")
 
 
 def _expect(value: Any, kind: type, where: str) -> Any:

@@ -22,6 +22,7 @@ from pathlib import Path
 from hypothesis import strategies as st
 
 from stableguards.storage.content import Ref
+from stableguards.storage.engines import Unavailable
 from stableguards.storage.leases import Lease
 
 ENTRIES = 3
@@ -88,7 +89,7 @@ def make_fault(engine, entry: int, fault: str, target: str, tmp: Path, older: di
         if lease is None:  # what the store never writes, at the lease's name
             plant(Path(engine.directory), lease_name, fault, tmp)
         else:
-            engine.put(lease_name, lease)
+            _put(engine, lease_name, lease)
         return
     name = record_name
     if target == "blob":
@@ -105,23 +106,31 @@ def make_fault(engine, entry: int, fault: str, target: str, tmp: Path, older: di
             return
         changed = {"flip": bytes([current[0] ^ 1]) + current[1:], "truncate": current[: len(current) // 2],
                    "extend": current + b"x" * 1000}[fault]
-        engine.put(name, changed)
+        _put(engine, name, changed)
     elif fault == "another name's":
         other = _current(engine, f"refs/ns/{name_of((entry + 1) % ENTRIES)}")
         if other is not None:
-            engine.put(record_name, other)
+            _put(engine, record_name, other)
     elif fault == "an older one":
         if entry in older:
-            engine.put(record_name, older[entry])
+            _put(engine, record_name, older[entry])
     else:  # a record over bytes of the forger's choosing
         data = b"forged entry"
         digest = hashlib.sha256(data).hexdigest()
-        engine.put(f"blobs/{digest}", data)
+        _put(engine, f"blobs/{digest}", data)
         mac = None
         if fault == "another key":
             message = json.dumps(["ns", name_of(entry), digest, len(data)]).encode()
             mac = hmac.new(b"another key", message, hashlib.sha256).hexdigest()
-        engine.put(record_name, Ref(digest, len(data), mac).dumps())
+        _put(engine, record_name, Ref(digest, len(data), mac).dumps())
+
+
+def _put(engine, name: str, data: bytes) -> None:
+    """A fault's write; none where an earlier fault left what cannot be replaced (a directory)."""
+    try:
+        engine.put(name, data)
+    except Unavailable:
+        pass
 
 
 def _current(engine, name: str) -> bytes | None:

@@ -10,7 +10,7 @@ and Redis, signed.  Checked after every step, and by a fresh process at the end.
 Compiled cases: a training step compiled into a directory store (warm start's entry, inductor's
 graphs, AOTAutograd's entries, kernel binaries, profiles), faults made on what it left, then a
 process on a new machine and one after it: both equal eager, and the last one starts warm
-wherever the one before could save again.
+wherever the one before could save again (torch 2.15: warm start).
 
 Size: STABLEGUARDS_STORE_CAMPAIGN_CASES plain cases per store engine (CI: 6) and a third of
 that, at least one, compiled cases (CI: 2), drawn from STABLEGUARDS_STORE_CAMPAIGN_SEED (CI: 0).
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 from _drawing import draw
-from _children import child_env, last_json
+from _children import child_env, last_json, warm_start_available
 from _store_campaign import (ENTRIES, KEY, NODES, RECORDS, SECRET, Case, Step, cases, compiled_cases, make_fault,
                              name_of, plant)
 
@@ -277,7 +277,8 @@ def test_a_compiled_store_under_faults_never_changes_a_result(case, tmp_path):
     new = _machine(tmp_path / "b", store)  # a new machine: every fault met, none served
     later = _machine(tmp_path / "c", store)  # after it: what it saved again
     assert new["ok"] and later["ok"], (case, new["explain"], later["explain"])
-    assert later["traced"] == 0, (case, later["explain"])
+    # What the new machine saved again serves the one after it (warm start: torch 2.15).
+    assert later["traced"] == 0 or not warm_start_available(), (case, later["explain"])
     for result in (new, later):
         causes = re.findall(r"the store [^:]+: .*? \((.+?):", result["stderr"])
         assert len(causes) == len(set(causes)), result["stderr"][-3000:]  # one warning per cause

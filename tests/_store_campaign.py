@@ -93,10 +93,10 @@ def make_fault(engine, entry: int, fault: str, target: str, tmp: Path, older: di
         return
     name = record_name
     if target == "blob":
-        raw = _current(engine, record_name)
-        if raw is None:
+        try:
+            name = f"blobs/{json.loads(_current(engine, record_name))['digest']}"
+        except (TypeError, ValueError, KeyError):  # no record, or one an earlier fault damaged
             return
-        name = f"blobs/{json.loads(raw)['digest']}"
     if fault in NODES:
         plant(Path(engine.directory), name, fault, tmp)
         return

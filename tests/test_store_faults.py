@@ -87,6 +87,14 @@ def test_what_the_store_never_writes_is_never_read(tmp_path, kind, where, caplog
     assert SECRET not in caplog.text
 
 
+def test_a_record_points_only_at_a_blob(tmp_path):
+    store = open_store(None, str(tmp_path / "store"), key="")
+    for digest in ("../../outside", "blobs/" + "0" * 64, "A" * 64):
+        store.engine.put("refs/ns/a", json.dumps({"format": 1, "digest": digest, "size": 3}).encode())
+        with pytest.raises(Unusable, match="incomplete"):
+            store.fetch("ns", "a")
+
+
 def test_reads_stop_at_their_bound(tmp_path, monkeypatch):
     store = open_store(None, str(tmp_path / "store"), key="k")
     digest = store.publish("ns", "a", b"abc")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +40,7 @@ from stableguards.storage.leases import (HEARTBEAT, MAX_WAIT_S, RECORD_BYTES, Ig
                                          lease_seconds)
 
 FORMAT = 1
+_DIGEST = re.compile(r"[0-9a-f]{64}")  # a SHA-256: the only blob name a record may point at
 # A wait on another process's lease longer than this is said, once, naming the holder.
 SLOW_WAIT_S = 5.0
 
@@ -73,7 +75,7 @@ class Ref:
         if not isinstance(record, dict) or record.get("format") != FORMAT:
             raise Unusable("its record is of another format", "foreign")
         digest, size, mac = record.get("digest"), record.get("size"), record.get("mac")
-        if not (isinstance(digest, str) and isinstance(size, int) and size >= 0
+        if not (isinstance(digest, str) and _DIGEST.fullmatch(digest) and isinstance(size, int) and size >= 0
                 and isinstance(mac, (str, type(None)))):
             raise Unusable("its record is incomplete", "foreign")
         return cls(digest, size, mac)

@@ -7,14 +7,13 @@ import json
 import logging
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from _store_campaign import SECRET, plant
 
 from stableguards.events import EVENTS
 from stableguards.keys.ledger import KeyRecord, SharedKeyLedger
@@ -23,32 +22,6 @@ from stableguards.storage.content import Unusable
 from stableguards.storage.engines import DirectoryEngine, RedisEngine
 from stableguards.storage.leases import Lease
 from stableguards.store.pickled import artifact_class, top_class
-
-SECRET = "the contents of a file outside the store"
-
-
-def _plant(store_dir: Path, name: str, kind: str, outside: Path) -> None:
-    path = store_dir / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "device":
-        path.symlink_to("/dev/zero")
-    elif kind == "link out":
-        outside.write_text(SECRET)
-        path.symlink_to(outside)
-    elif kind == "directory":
-        path.mkdir()
-    elif kind == "socket":
-        here = os.getcwd()
-        os.chdir(path.parent)  # a socket's path must be short
-        try:
-            with socket.socket(socket.AF_UNIX) as s:
-                s.bind(path.name)
-        finally:
-            os.chdir(here)
-
 
 def _within(seconds: float, fn):
     """``fn()``'s result, failing the test if it takes longer (a read that blocks)."""
@@ -75,7 +48,7 @@ def test_what_the_store_never_writes_is_never_read(tmp_path, kind, where, caplog
     store = open_store(None, str(tmp_path / "store"), key="k")
     digest = store.publish("ns", "a", b"entry")
     name = {"record": "refs/ns/a", "blob": f"blobs/{digest}", "lease": "leases/ns/a"}[where]
-    _plant(tmp_path / "store", name, kind, tmp_path / "outside")
+    plant(tmp_path / "store", name, kind, tmp_path)
     with caplog.at_level(logging.WARNING):
         if where == "lease":
             assert _within(5, lambda: store.wait("ns", "a", _never, _never)) is None  # nobody to wait for
@@ -83,8 +56,8 @@ def test_what_the_store_never_writes_is_never_read(tmp_path, kind, where, caplog
         else:
             with pytest.raises(Unusable) as refused:
                 _within(5, lambda: store.fetch("ns", "a"))
-            assert refused.value.cause == "not a store file" and SECRET not in str(refused.value)
-    assert SECRET not in caplog.text
+            assert refused.value.cause == "not a store file" and SECRET.decode() not in str(refused.value)
+    assert SECRET.decode() not in caplog.text
 
 
 def test_a_record_points_only_at_a_blob(tmp_path):

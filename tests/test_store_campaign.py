@@ -18,6 +18,7 @@ that, at least one, compiled cases (CI: 2), drawn from STABLEGUARDS_STORE_CAMPAI
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -53,9 +54,9 @@ READ_BOUND_S = 10.0
 
 def _publish(location: str, entry: int, value: bytes, mode: str) -> None:
     """A writer of its own: exit 0 once published, 3 if the store refused it."""
-    if mode == "read-only":
+    if mode == "read-only" and os.geteuid() == 0:  # root writes whatever a mode says: be nobody
         os.setgid(65534)
-        os.setuid(65534)  # nobody: the store's directory is not theirs to write
+        os.setuid(65534)
     elif mode == "full disk":
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
@@ -129,8 +130,9 @@ def run_case(case: Case, location: str, tmp: Path, processes, redis_proc=None) -
             older = _capture(lambda: store.engine.get(f"refs/ns/{name_of(entry)}", 1 << 16))
             mode = "" if step.op == "publish" else ("read-only", "full disk")[n % 2]
             writer = processes.Process(target=_publish, args=(location, entry, value, mode))
-            writer.start()
-            writer.join(60)
+            with _read_only(Path(location) if mode == "read-only" else None):
+                writer.start()
+                writer.join(60)
             if step.op == "refused publish" or entry in model.blocked:
                 assert writer.exitcode == 3, where  # refused: one Unavailable, nothing changed
             else:
@@ -183,6 +185,21 @@ def run_case(case: Case, location: str, tmp: Path, processes, redis_proc=None) -
     assert len(causes) == len(set(causes)), said  # one warning per cause
     assert not any(SECRET.decode() in text for text in said)
     assert grown_kb < 100_000, f"a later process grew {grown_kb} KB reading {ENTRIES} entries"
+
+
+@contextlib.contextmanager
+def _read_only(store_dir: Path | None):
+    """The store's folders read-only while a writer tries them (None: as they are)."""
+    folders = [] if store_dir is None else [p for p in (store_dir, *store_dir.rglob("*")) if p.is_dir()
+                                            and not p.is_symlink()]
+    modes = {p: p.stat().st_mode for p in folders}
+    for p in folders:
+        p.chmod(0o555)
+    try:
+        yield
+    finally:
+        for p, mode in modes.items():
+            p.chmod(mode)
 
 
 def _fetch(store, entry: int):

@@ -263,10 +263,10 @@ def _fault(store: Path, fault: str, namespace: str, which: int, tmp: Path) -> No
             lease.parent.mkdir(parents=True, exist_ok=True)
             lease.write_bytes(Lease("dead:1:x", 600).signed(KEY, f"leases/warm_start/{ref.name}").dumps())
         return
-    refs = sorted((store / "refs" / namespace).glob("*"))
-    files = refs + [store / "blobs" / json.loads(r.read_bytes())["digest"] for r in refs]
+    refs = [r for r in sorted((store / "refs" / namespace).glob("*")) if _plain(r)]
+    files = refs + [blob for r in refs if (blob := _blob(store, r)) is not None]
     files += sorted((store / "pgo").glob("*.json")) if namespace == "pgo" else []
-    candidates = refs if fault in RECORDS else files
+    candidates = [f for f in (refs if fault in RECORDS else files) if _plain(f)]  # not what an earlier fault made
     if not candidates:
         return
     path = candidates[which % len(candidates)]
@@ -283,6 +283,17 @@ def _fault(store: Path, fault: str, namespace: str, which: int, tmp: Path) -> No
         data = path.read_bytes()
         path.write_bytes({"flip": bytes([data[0] ^ 1]) + data[1:], "truncate": data[: len(data) // 2],
                           "extend": data + b"x" * 1000}[fault])
+
+
+def _plain(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()
+
+
+def _blob(store: Path, record: Path) -> Path | None:
+    try:
+        return store / "blobs" / json.loads(record.read_bytes())["digest"]
+    except (ValueError, KeyError, TypeError):  # a record an earlier fault damaged
+        return None
 
 
 @pytest.mark.parametrize("case", draw(compiled_cases(), COMPILED, SEED), ids=lambda c: c.name)

@@ -23,7 +23,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import report
 import stableguards  # noqa: F401 - registers the flag and hooks
-from columns import aligned, markdown as markdown_table
+from columns import aligned
 
 HERE = Path(__file__).resolve().parent
 ROUNDS = 15
@@ -34,11 +34,6 @@ COLUMNS = (
     ("stable ns", lambda r: f"{r['on_ns']:.0f}"),
     ("on/off", lambda r: f"{r['on_ns'] / r['off_ns']:.2f}"),
 )
-
-
-def markdown(rows: list[dict]) -> str:
-    """docs/benchmarks.md's table (``bench/report.py``)."""
-    return markdown_table(COLUMNS, rows)
 
 
 def ns_per_symbol(names: list[str], flag: bool) -> float:

@@ -23,7 +23,7 @@ import torch._dynamo
 
 import report
 import stableguards  # noqa: F401 - registers the flag
-from columns import aligned, markdown as markdown_table
+from columns import aligned
 
 HERE = Path(__file__).resolve().parent
 CALLS = 20_000
@@ -35,11 +35,6 @@ COLUMNS = (
     ("difference ns", lambda r: f"{r['on_ns'] - r['off_ns']:+.0f}"),
     ("on/off", lambda r: f"{r['on_ns'] / r['off_ns']:.3f}"),
 )
-
-
-def markdown(rows: list[dict]) -> str:
-    """docs/benchmarks.md's table (``bench/report.py``)."""
-    return markdown_table(COLUMNS, rows)
 
 
 # One function per flag setting, so each has its own cache entries.

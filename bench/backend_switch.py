@@ -22,7 +22,7 @@ from torch._dynamo.backends.common import aot_autograd
 
 import report
 import stableguards  # noqa: F401 - registers the flag
-from columns import aligned, markdown as markdown_table
+from columns import aligned
 
 HERE = Path(__file__).resolve().parent
 
@@ -139,11 +139,6 @@ COLUMNS = (
     ("flag off", lambda r: outcome(r["off"])),
     ("flag on", lambda r: outcome(r["on"])),
 )
-
-
-def markdown(rows: list[dict]) -> str:
-    """docs/benchmarks.md's table (``bench/report.py``)."""
-    return markdown_table(COLUMNS, rows)
 
 
 def by_flag(measure) -> dict:

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 import report
-from columns import aligned, markdown as markdown_table
+from columns import aligned
 
 HERE = Path(__file__).resolve().parent
 STEPS = 4
@@ -135,11 +135,6 @@ COLUMNS = (
     ("grads copied warnings", lambda r: r["copied_warnings"]),
     ("as expected", lambda r: "yes" if as_expected(r) else "NO"),
 )
-
-
-def markdown(rows: list[dict]) -> str:
-    """docs/benchmarks.md's table (``bench/report.py``)."""
-    return markdown_table(COLUMNS, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

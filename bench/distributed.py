@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 import report
-from columns import aligned, markdown as markdown_table
+from columns import aligned
 from fleet import fresh_store, redis_store, run_ranks
 
 HERE = Path(__file__).resolve().parent
@@ -77,11 +77,6 @@ COLUMNS = (
     ("warm/cold", lambda r: f"{_first(r['warm']) / _first(r['cold']):.3f}"),
     ("ok", lambda r: "yes" if all(x["ok"] for x in r["cold"] + r["warm"]) else "NO"),
 )
-
-
-def markdown(rows: list[dict]) -> str:
-    """docs/benchmarks.md's table (``bench/report.py``)."""
-    return markdown_table(COLUMNS, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

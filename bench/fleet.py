@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import report
-from columns import aligned, markdown as markdown_table
+from columns import aligned
 
 HERE = Path(__file__).resolve().parent
 
@@ -145,11 +145,6 @@ COLUMNS = (
     ("KB/entry", lambda r: f"{r['store_bytes'] / r['entries'] / 1024:.0f}" if r["entries"] else "-"),
     ("ok", lambda r: "yes" if all(x["ok"] for x in r["cold"] + r["warm"]) else "NO"),
 )
-
-
-def markdown(rows: list[dict]) -> str:
-    """docs/benchmarks.md's table (``bench/report.py``)."""
-    return markdown_table(COLUMNS, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

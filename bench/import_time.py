@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import report
-from columns import aligned, markdown as markdown_table
+from columns import aligned
 
 HERE = Path(__file__).resolve().parent
 
@@ -35,11 +35,6 @@ COLUMNS = (
     ("on/off", lambda r: f"{r['on_s'] / r['off_s']:.3f}"),
     ("own modules ms", lambda r: f"{r['own_us'] / 1000:.1f}"),
 )
-
-
-def markdown(rows: list[dict]) -> str:
-    """docs/benchmarks.md's table (``bench/report.py``)."""
-    return markdown_table(COLUMNS, rows)
 
 
 def import_seconds(autoload: bool) -> float:

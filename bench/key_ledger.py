@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import report
-from columns import aligned, markdown as markdown_table
+from columns import aligned
 from stableguards.keys.ledger import KeyLedger, KeyRecord, differences, nearest
 
 HERE = Path(__file__).resolve().parent
@@ -31,11 +31,6 @@ COLUMNS = (
     ("explain a miss, ms", lambda r: f"{r['explain_ms']:.1f}"),
     ("record a key, ms", lambda r: f"{r['record_ms']:.1f}"),
 )
-
-
-def markdown(rows: list[dict]) -> str:
-    """docs/benchmarks.md's table (``bench/report.py``)."""
-    return markdown_table(COLUMNS, rows)
 
 
 def make_record(i: int) -> KeyRecord:

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 import report
-from columns import aligned, markdown as markdown_table
+from columns import aligned
 
 HERE = Path(__file__).resolve().parent
 
@@ -96,11 +96,6 @@ COLUMNS = (
     ("guards loaded/traced", lambda r: f"{r['warm']['loaded_check'] / r['warm']['traced_check']:.3f}"),
     ("installed", lambda r: r["warm"]["installed"]),
 )
-
-
-def markdown(rows: list[dict]) -> str:
-    """docs/benchmarks.md's table (``bench/report.py``)."""
-    return markdown_table(COLUMNS, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 import report
-from columns import aligned, markdown as markdown_table
+from columns import aligned
 
 HERE = Path(__file__).resolve().parent
 
@@ -88,11 +88,6 @@ COLUMNS = (
     ("check us on", lambda r: f"{r['on']['check_us']:.1f}"),
     ("check on/off", lambda r: f"{r['on']['check_us'] / r['off']['check_us']:.2f}"),
 )
-
-
-def markdown(rows: list[dict]) -> str:
-    """docs/benchmarks.md's table (``bench/report.py``)."""
-    return markdown_table(COLUMNS, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

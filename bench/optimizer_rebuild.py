@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import report
-from columns import aligned, markdown as markdown_table
+from columns import aligned
 
 HERE = Path(__file__).resolve().parent
 REBUILDS = 20
@@ -99,11 +99,6 @@ COLUMNS = (
     ("entries released", lambda r: r["released"]),
     ("==eager", lambda r: "yes" if r["equal"] else "NO"),
 )
-
-
-def markdown(rows: list[dict]) -> str:
-    """docs/benchmarks.md's table (``bench/report.py``)."""
-    return markdown_table(COLUMNS, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

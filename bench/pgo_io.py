@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import report
-from columns import aligned, markdown as markdown_table
+from columns import aligned
 from stableguards.profiles.profile import DYNAMIC, CodeKey, Profile, SourceEntry, specialized, static
 from stableguards.profiles.store import EngineStore, decode, encode
 from stableguards.storage.engines import DirectoryEngine
@@ -30,11 +30,6 @@ from stableguards.storage.engines import DirectoryEngine
 HERE = Path(__file__).resolve().parent
 ROUNDS = 21
 COLUMNS = (("operation", lambda r: r["operation"]), ("median ms", lambda r: f"{r['ms']:.2f}"))
-
-
-def markdown(rows: list[dict]) -> str:
-    """docs/benchmarks.md's table (``bench/report.py``)."""
-    return markdown_table(COLUMNS, rows)
 
 
 def make_profile(frames: int = 10, per_frame: int = 100) -> Profile:

@@ -42,7 +42,7 @@ import tempfile
 from pathlib import Path
 
 import report
-from columns import aligned, markdown as markdown_table
+from columns import aligned
 
 HERE = Path(__file__).resolve().parent
 WORKLOADS = ("gpt2", "llama", "llama_generate", "bert_kwargs", "gpt2_train", "llama_checkpointed_train",
@@ -100,11 +100,6 @@ COLUMNS = (
 
 def format_table(rows: list[dict]) -> str:
     return aligned(COLUMNS, rows)
-
-
-def markdown(rows: list[dict]) -> str:
-    """docs/benchmarks.md's table (``bench/report.py``)."""
-    return markdown_table(COLUMNS, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

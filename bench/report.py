@@ -3,7 +3,8 @@
 A bench writes its rows with ``write``: ``bench/out/NAME.json`` holds a header (the command, the
 commit, torch, the CPU, the date, the bench) beside the rows.  ``docs/data/NAME.json`` is such a file kept
 with the docs; each table of docs/benchmarks.md sits between ``<!-- table: NAME -->`` and
-``<!-- table end -->`` and is made from it by the bench's own ``markdown(rows)``:
+``<!-- table end -->`` and is made from it by the bench's ``COLUMNS`` (``columns.markdown``), or by
+its own ``markdown(rows)`` where it has one:
 
     python bench/report.py publish first_step   # bench/out/first_step.json -> docs/data, docs table
     python bench/report.py check                # whether every docs table is what its data makes
@@ -68,7 +69,11 @@ def render(name: str, data: dict) -> str:
     """The docs block for bench ``name``'s ``data``: its header line, then its table."""
     h = data["header"]
     sys.path.insert(0, str(HERE))
-    table = importlib.import_module(h.get("bench", name)).markdown(data["rows"])  # the bench that wrote it
+    from columns import markdown
+
+    bench = importlib.import_module(h.get("bench", name))  # the bench that wrote it
+    # Its own markdown(rows) where its table is more than its COLUMNS (first_step, restart_ab).
+    table = bench.markdown(data["rows"]) if hasattr(bench, "markdown") else markdown(bench.COLUMNS, data["rows"])
     return (f"`{h['command']}` · commit {h['commit']} · torch {h['torch']} · {h['cpu']} · {h['date']}\n\n"
             f"{table}\n")
 

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 import report
-from columns import aligned, markdown as markdown_table
+from columns import aligned
 from first_step import measure, split
 
 HERE = Path(__file__).resolve().parent
@@ -54,11 +54,6 @@ COLUMNS = (
     ("warm frames", lambda r: r["warm"]["frames"]),
     ("ok", lambda r: "yes" if r["cold"]["ok"] and r["warm"]["ok"] else "NO"),
 )
-
-
-def markdown(rows: list[dict]) -> str:
-    """docs/benchmarks.md's table (``bench/report.py``)."""
-    return markdown_table(COLUMNS, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

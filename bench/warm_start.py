@@ -35,7 +35,7 @@ import tempfile
 from pathlib import Path
 
 import report
-from columns import aligned, markdown as markdown_table
+from columns import aligned
 
 HERE = Path(__file__).resolve().parent
 WORKLOADS = ("transformer", "train_step", "chunk_ff", "gan_step", "parametrized", "seed", "dict_collide",
@@ -79,11 +79,6 @@ COLUMNS = (
 
 def format_table(rows: list[dict]) -> str:
     return aligned(COLUMNS, rows)
-
-
-def markdown(rows: list[dict]) -> str:
-    """docs/benchmarks.md's table (``bench/report.py``)."""
-    return markdown_table(COLUMNS, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

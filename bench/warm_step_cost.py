@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 import report
-from columns import aligned, markdown as markdown_table
+from columns import aligned
 
 HERE = Path(__file__).resolve().parent
 
@@ -61,11 +61,6 @@ COLUMNS = (
     ("warm us/call", lambda r: f"{r['warm_us']:.1f}"),
     ("warm/cold", lambda r: f"{r['warm_us'] / r['cold_us']:.3f}"),
 )
-
-
-def markdown(rows: list[dict]) -> str:
-    """docs/benchmarks.md's table (``bench/report.py``)."""
-    return markdown_table(COLUMNS, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,8 @@
 """Distributed training across a restart, flag on: two gloo ranks on CPU, each with its own empty
 cache dir, sharing one store, run one job with several settings (bench/_distributed_child.py
 --small: a 2-block transformer stack trained three SGD steps, compared with the same wrapped
-model uncompiled).  Cold, then a restart: every rank equals its uncompiled run; FSDP2 traces
-nothing in the restart, compiled collectives nothing or say why; a frame DDP's graph split
+model uncompiled).  Cold, then a restart: every rank equals its uncompiled run; FSDP2 and tensor
+parallel trace nothing in the restart, compiled collectives nothing or say why; a frame DDP's graph split
 compiles is traced again and named in explain() with why.  (bench/distributed.py measures every setting,
 flag off beside on.)"""
 
@@ -15,7 +15,7 @@ import torch
 from _children import child_env, gloo_job, requires_warm_start
 
 CHILD = Path(__file__).parents[1] / "bench" / "_distributed_child.py"
-SETTINGS = ("collectives", "fsdp2", "ddp")
+SETTINGS = ("collectives", "fsdp2", "tp", "ddp")
 
 
 def _job(root: Path, run: str) -> list[dict]:
@@ -36,7 +36,7 @@ def test_a_restarted_distributed_job_starts_warm_on_every_rank(tmp_path):
             assert not wrong, (label, rank, wrong, result["explain"])
     for rank, result in enumerate(warm):
         settings = result["settings"]
-        assert settings["fsdp2"]["traced"] == [], (rank, result)
+        assert settings["fsdp2"]["traced"] == [] and settings["tp"]["traced"] == [], (rank, result)
         # DDPOptimizer's frames are traced again, each named with why.
         left_out = result["explain"].count("compiled under DDP's graph split (DDPOptimizer)")
         assert settings["ddp"]["traced"] and left_out >= len(settings["ddp"]["traced"]), (rank, result["explain"])

@@ -99,3 +99,83 @@ def test_a_module_fully_shard_wrapped_is_saved_as_an_instance_of_its_class():
     finally:
         dist.destroy_process_group()
 
+
+
+@pytest.fixture
+def one_rank():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist
+    dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
+def test_a_device_mesh_is_its_ranks_layout_names_and_groups(one_rank):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (1,))
+    described = identity(mesh)
+    assert described.startswith("device_mesh(cpu:ranks=[0]:") and "process_group:gloo:size=1:ranks=[0]" in described
+    assert identity(init_device_mesh("cpu", (1,))) == described  # equal by value, as DeviceMesh.__eq__ says
+    named = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+    assert named == named and identity(named) not in (None, described)
+    assert "names=('tp',)" in identity(named)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
+def test_placements_are_told_by_their_fields_and_nothing_set_on_them_besides():
+    from torch.distributed.tensor.placement_types import Partial, Replicate, Shard, _StridedShard
+
+    assert identity(Shard(0)) == "torch.distributed.tensor.placement_types.Shard:Shard(dim=0)"
+    assert len({identity(p) for p in (Shard(0), Shard(1), Replicate(), Partial("sum"), Partial("avg"))}) == 5
+    assert identity(_StridedShard(0, split_factor=2)) is None  # fields its repr may not show: no identity
+    marked = Shard(0)
+    marked.extra = 1
+    assert identity(marked) is None
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
+def test_a_dtensor_spec_is_written_by_what_torchs_spec_guard_compares(one_rank):
+    """Two specs have one description only if torch's DTENSOR_SPEC_MATCH check
+    (``_check_equals`` with shapes skipped) finds them equal: the rule's description is at
+    least as fine as the check, so a loaded check that passed on the spec written is the
+    cold one's."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
+
+    from stableguards.identity.distributed import dtensor_spec, opaque_guarded
+
+    meshes = [init_device_mesh("cpu", (1,)), init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))]
+    specs = [DTensor.from_local(torch.zeros(shape, dtype=dtype), mesh, [placement])._spec
+             for mesh in meshes for placement in (Shard(0), Shard(1), Replicate(), Partial())
+             for dtype in (torch.float32, torch.bfloat16) for shape in ((2, 3), (4, 3))]
+    for a in specs:
+        for b in specs:
+            same = dtensor_spec(a) == dtensor_spec(b)
+            assert same == a._check_equals(b, skip_shapes=True), (a, b)
+    assert dtensor_spec(meshes[0]) is None and opaque_guarded(specs[0]) is None
+    assert opaque_guarded(meshes[0]) == identity(meshes[0])
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
+def test_the_spec_guards_fact_is_the_spec_at_its_source_and_nothing_else_is_one(one_rank):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import Shard
+
+    from stableguards.warm_start.guard_rules import Fact, Unprovable, fact
+
+    spec = DTensor.from_local(torch.zeros(2), init_device_mesh("cpu", (1,)), [Shard(0)])._spec
+    source = "L['w']._spec"
+    written = fact(source, "LAMBDA_GUARD", ["__dtensor_spec_140000"], value=lambda: spec, identity=identity)
+    assert written == Fact(source, "LAMBDA_GUARD", identity_of_spec(spec))
+    with pytest.raises(Unprovable, match="not what the check compares"):
+        fact(source, "LAMBDA_GUARD", ["__dtensor_spec_140000"], value=lambda: object(), identity=identity)
+
+
+def identity_of_spec(spec):
+    from stableguards.identity.distributed import dtensor_spec
+
+    return dtensor_spec(spec)

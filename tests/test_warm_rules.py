@@ -580,7 +580,10 @@ def test_every_rule_says_why_it_is_sound():
     for kind, rule in {**RULES, **LAMBDA_RULES}.items():
         assert rule.why and len(rule.why) > 20, kind
     assert rule_for("SOMETHING_NEW").check is Check.REFUSE
-    assert rule_for("LAMBDA_GUARD", "___check_opaque_guard_fn_1234()").check is Check.REFUSE
+    assert rule_for("LAMBDA_GUARD", "___check_metadata_1234_c0/0").check is Check.REFUSE
+    for code in ("__dtensor_spec_1234", "___check_opaque_guard_fn_1234_c0/0"):
+        rule = rule_for("LAMBDA_GUARD", code)
+        assert rule.check is Check.VALUE and rule.written is not None
     assert rule_for("LAMBDA_GUARD", "torch._functorch.aot_autograd.utils.top_saved_tensors_hooks ids == None"
                     ).check is Check.AMBIENT
 

@@ -29,6 +29,21 @@
   member on the real group, unguarded): it is recorded as the call
   ``group_rank(name)``, which the warm process makes again, and by which the
   entry is kept per rank (``warm_start.variants``), as ``dist.get_rank()`` is.
+* A ``DeviceMesh`` as ``DeviceMesh.__eq__`` and torch's opaque-object guard on it
+  compare it (rank map, layout, device type, dim names, thread, rank order), and
+  the process group of each dim by value.  Sound: each is a value (ranks, sizes,
+  names), so meshes with one description are equal by torch's check; the groups
+  are more than torch checks, and needed across processes: a graph names a
+  mesh dim's group by its name, and in another process that name must be a group
+  of the same ranks.  The thread is written relative to the calling thread (None
+  but under the threaded test backend).  What a trace reads of the mesh through
+  a member torch evaluates on the real mesh without a guard (``get_rank``,
+  ``get_coordinate``, ``get_local_rank``) is this rank's: such a read folds the
+  rank (``warm_start.hooks.tracing``).
+* A ``DTensorSpec`` as torch's DTENSOR_SPEC_MATCH compares it (``_check_equals``
+  with shapes skipped): its mesh (as above), placements, shard order and dtype,
+  each written by value.  Sound: that guard passes exactly for a spec equal to
+  the one saved in these fields; two specs with one description are equal by it.
 
 Plain Python: torch's modules are reached through ``sys.modules`` (a group exists only
 when torch.distributed is imported).
@@ -38,6 +53,7 @@ from __future__ import annotations
 
 import contextvars
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +61,8 @@ from stableguards.codes import qualified
 from stableguards.identity.names import short_digest
 
 PROCESS_GROUP = "torch.distributed.distributed_c10d.ProcessGroup"
+DTENSOR_SPEC = "torch.distributed.tensor._dtensor_spec.DTensorSpec"
+DEVICE_MESH = "torch.distributed.device_mesh.DeviceMesh"
 # Where torch keeps the classes it makes to wrap a module's class: (module, name of the map).
 WRAPPER_MAPS = (("torch.distributed.fsdp._fully_shard._fully_shard", "cls_to_fsdp_cls"),
                 ("torch.distributed._composable.replicate_with_fsdp", "cls_to_replicate_cls"))
@@ -112,3 +130,41 @@ def process_group(group: Any) -> str | None:
                 f"desc={group.group_desc}:hooks={group._has_hooks()}")
     except Exception:  # noqa: BLE001 - a group that cannot answer (destroyed, another torch) has no identity
         return None
+
+
+def device_mesh(mesh: Any) -> str | None:
+    """``mesh`` by what ``DeviceMesh.__eq__`` and its opaque guard compare (rank map, layout,
+    device type, dim names, thread, rank order) and the process groups of its dims by value
+    (see the module docstring), or None for anything that is not a ``DeviceMesh``."""
+    if qualified(type(mesh)) != DEVICE_MESH:
+        return None
+    c10d = sys.modules["torch.distributed.distributed_c10d"]
+    groups = [process_group(c10d._resolve_process_group(name)) for name in getattr(mesh, "_dim_group_names", ())]
+    if None in groups:
+        return None
+    thread = "current" if mesh._thread_id is not None and mesh._thread_id == threading.get_ident() else mesh._thread_id
+    return (f"device_mesh({mesh._device_type}:ranks={list(mesh._flatten_rank_map)}:layout={mesh._layout!r}:"
+            f"names={mesh._mesh_dim_names}:thread={thread}:rank_order={mesh._preserve_rank_order}:groups={groups})")
+
+
+def dtensor_spec(spec: Any) -> str | None:
+    """``spec`` as DTENSOR_SPEC_MATCH compares it (see the module docstring), or None for
+    anything that is not a ``DTensorSpec``."""
+    if qualified(type(spec)) != DTENSOR_SPEC:
+        return None
+    mesh = device_mesh(spec.mesh)
+    if mesh is None:
+        return None
+    placements = ", ".join(f"{qualified(type(p))}:{p!r}" for p in spec.placements)
+    dtype = None if spec.tensor_meta is None else spec.tensor_meta.dtype
+    return f"dtensor_spec:{mesh}:placements=({placements}):shard_order={spec.shard_order!r}:dtype={dtype}"
+
+
+def opaque_guarded(obj: Any) -> str | None:
+    """What torch's opaque-object guard compares of ``obj`` (its type's ``guard_fn``), written by
+    a description at least as fine: a device mesh's or a process group's; None for another type."""
+    if qualified(type(obj)) == DEVICE_MESH:
+        return device_mesh(obj)
+    if qualified(type(obj)) == PROCESS_GROUP:
+        return process_group(obj)
+    return None

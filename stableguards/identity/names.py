@@ -22,6 +22,9 @@ BY_REPR = frozenset({
     "torch._ops.OpOverload", "torch._ops.OpOverloadPacket", "torch._ops._OpNamespace",
     "torch._ops.HigherOrderOperator",
 })
+# DTensor placements whose repr shows every field they have (C++ classes: a dim, a reduce op), when
+# nothing was set on the instance besides.
+PLACEMENTS = frozenset(f"torch.distributed.tensor.placement_types.{name}" for name in ("Shard", "Replicate", "Partial"))
 # Builtin types an enum mixes in (IntEnum, StrEnum, IntFlag), and the data of a member as that
 # type, read past any method of the enum's that would say otherwise.
 ENUM_MIXINS = {int: int.__int__, float: float.__float__, complex: complex.__complex__, str: str.__str__,

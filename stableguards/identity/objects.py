@@ -71,12 +71,12 @@ from typing import Any
 
 from stableguards.codes import code_digest, qualified
 from stableguards.identity import fx_home
-from stableguards.identity.distributed import PROCESS_GROUP, config_var, process_group, wrapper_class
+from stableguards.identity.distributed import DEVICE_MESH, PROCESS_GROUP, config_var, opaque_guarded, wrapper_class
 from stableguards.identity.names import (BY_REPR, CHECKED, CONTEXT_DECORATORS, ENUM_BOOKKEEPING, ENUM_MIXINS,
-                                         SCALARS, SINGLETON_TYPES, TENSOR, TYPES_MODULE_NAMES, builtin, by_state,
-                                         c_attribute, fx_graph_class, importable, is_a, label, module_copy,
-                                         module_of_globals, package_version, parametrized, pybind_base,
-                                         short_digest, tensor_identity, type_name)
+                                         PLACEMENTS, SCALARS, SINGLETON_TYPES, TENSOR, TYPES_MODULE_NAMES, builtin,
+                                         by_state, c_attribute, fx_graph_class, importable, is_a, label, module_copy,
+                                         module_of_globals, package_version, parametrized, pybind_base, short_digest,
+                                         tensor_identity, type_name)
 
 
 class _Empty:
@@ -167,7 +167,7 @@ class Identities:
             # A bare object() carries no state: a sentinel (a default argument `missing`),
             # which code only compares by identity, within one process.
             return "object()"
-        if type_name(obj) in BY_REPR:
+        if type_name(obj) in BY_REPR or (type_name(obj) in PLACEMENTS and not vars(obj)):
             return f"{type_name(obj)}:{obj!r}"
         if kind in (tuple, list, frozenset, set):
             parts = self._all(obj)
@@ -236,8 +236,8 @@ class Identities:
             return None if parts is None else f"instance:{parts[0]}:{parts[1]}"
         if isinstance(obj, contextvars.ContextVar):
             return config_var(obj, self.describe)
-        if type_name(obj) == PROCESS_GROUP:
-            return process_group(obj)
+        if type_name(obj) in (PROCESS_GROUP, DEVICE_MESH):
+            return opaque_guarded(obj)
         if qualified(kind) == "contextlib._GeneratorContextManager":
             # A @contextmanager function used as a decorator: each call makes its context again
             # from the function and its arguments (the generator it holds is spent state).

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from stableguards.identity.distributed import dtensor_spec, opaque_guarded
+
 
 class Check(enum.Enum):
     """How a kind's fact is written."""
@@ -36,6 +38,7 @@ class Check(enum.Enum):
     TYPE_IDENTITY = "the identity of the object's type, for the type id in its code"
     STATE_IDENTITY = "the identity of what the saved state holds for it (its code names nothing)"
     AMBIENT = "the process's state on the call it serves"
+    VALUE = "the value at its source, written by what the check compares (a check that passed on it compares equal)"
     REFUSE = "no fact: the entry is left out"
 
 
@@ -43,6 +46,8 @@ class Check(enum.Enum):
 class Rule:
     check: Check
     why: str
+    # For a VALUE rule: the value at the source, written by what the check compares (None: not such a value).
+    written: Callable[[Any], str | None] | None = None
 
 
 _SAME_PRINTED = ("built from the value saved with the entry, which its code prints in full; the same code "
@@ -91,6 +96,20 @@ LAMBDA_RULES: dict[str, Rule] = {
         Check.REFUSE, "inlineable saved-tensor hooks are active: compiles under them are left out of warm start"),
     "torch._functorch.pyfunctorch.compare_functorch_state(": Rule(
         Check.SAME, "the functorch interpreter states are printed and rebuilt from the saved layers"),
+    # DTENSOR_SPEC_MATCH's code names only its closure.  It is rebuilt from the spec saved with the entry and
+    # checked on the call it serves first, so the spec there passed it: that spec, written by what the check
+    # compares, says what the loaded check compares with.
+    "__dtensor_spec_": Rule(Check.VALUE, "a DTensor's spec (mesh, placements, shard order, dtype) is compared "
+                                         "with the saved one by value: the spec at the source on the call, "
+                                         "which passed the check, is written by those values "
+                                         "(identity.distributed)", dtensor_spec),
+    # OPAQUE_OBJ_GUARD_FN_MATCH, likewise: its code names its closure, which compares what the opaque
+    # type's guard_fn returns with the saved values.
+    "___check_opaque_guard_fn_": Rule(Check.VALUE, "an opaque object (a device mesh, a process group) is compared "
+                                                   "by what its type's guard_fn returns: the object at the source "
+                                                   "on the call, which passed the check, is written by a "
+                                                   "description at least as fine (identity.distributed)",
+                                      opaque_guarded),
 }
 # The text of stableguards' own id check bound on the entry's first call
 # (hooks.rebuilt_checks.ID_ON_FIRST_CALL), as a string literal (torch evaluates a failed guard's
@@ -150,6 +169,11 @@ def fact(source: str, kind: str, parts: Iterable[str], *, value: Callable[[], An
         return Fact(source, kind, ambient)
     if rule.check is Check.REFUSE:
         raise Unprovable(f"{kind} on {source} ({_short(code)!r}): {rule.why}")
+    if rule.check is Check.VALUE and rule.written is not None and value is not None:
+        written = rule.written(value())
+        if written is None:
+            raise Unprovable(f"{kind} on {source} ({_short(code)!r}): the value there is not what the check compares")
+        return Fact(source, kind, written)
     if value is None or identity is None:
         raise Unprovable(f"{kind} on {source}: its object was not given")
     obj = value()

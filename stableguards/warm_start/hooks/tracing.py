@@ -18,7 +18,7 @@ from typing import Any
 
 from stableguards.hooks import operators
 from stableguards.hooks.core import Hook
-from stableguards.identity.distributed import PROCESS_GROUP, group_rank
+from stableguards.identity.distributed import DEVICE_MESH, PROCESS_GROUP, group_rank
 from stableguards.identity.names import type_name
 from stableguards.warm_start.state import STATE
 from stableguards.warm_start.traced import ConstantCall
@@ -93,18 +93,25 @@ def _record_folded(call: Any, self: Any, tx: Any, args: Any, kwargs: Any) -> Any
 
 
 def _record_group_member(call: Any, self: Any, tx: Any, name: str, args: Any, kwargs: Any) -> Any:
-    """A process group's ``rank()``, which Dynamo evaluates on the real group and folds without
-    a guard: recorded as the call ``group_rank(<group name>)`` (``identity.distributed``), a
-    fact of the entry and the variant it is kept under, as ``dist.get_rank()`` is.  (The
-    group's other members it folds, its size, backend, name and description, are its
-    identity.)"""
+    """A member of a process group or device mesh that Dynamo evaluates on the real object and
+    folds without a guard.  A group's ``rank()`` is recorded as the call ``group_rank(<group
+    name>)`` (``identity.distributed``), a fact of the entry and the variant it is kept under,
+    as ``dist.get_rank()`` is; what it folds of a group besides (size, backend, name,
+    description) is the group's identity.  A mesh's members read its rank map and layout (its
+    identity) and this process's global rank (``get_rank``, ``get_coordinate``,
+    ``get_local_rank``): any of them folds ``dist.get_rank()``, which is recorded as such."""
     result = call(self, tx, name, args, kwargs)
     traced = STATE.compiling.get().traced
-    if traced is not None and name == "rank":
-        group = self.as_python_constant()
-        group = getattr(group, "real_obj", group)  # a fake script object stands for a real group
-        if type_name(group) == PROCESS_GROUP:
-            traced.constants.append(ConstantCall(group_rank, (group.group_name,), {}, _plain(result)))
+    if traced is None:
+        return result
+    obj = self.as_python_constant()
+    obj = getattr(obj, "real_obj", obj)  # a fake script object stands for a real group
+    if name == "rank" and type_name(obj) == PROCESS_GROUP:
+        traced.constants.append(ConstantCall(group_rank, (obj.group_name,), {}, _plain(result)))
+    elif type_name(obj) == DEVICE_MESH:
+        from torch.distributed import distributed_c10d as c10d
+
+        traced.constants.append(ConstantCall(c10d.get_rank, (), {}, c10d.get_rank()))
     return result
 
 

@@ -24,6 +24,9 @@ def main(src: str, names: list[str]) -> dict:
     sys.path.insert(0, src)
     cases = importlib.import_module("rank_cases")
     dist.init_process_group("gloo")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    cases.MESH = init_device_mesh("cpu", (dist.get_world_size(),))
     x = torch.randn(8, generator=torch.Generator().manual_seed(0))
     results = {}
     with torch.no_grad():

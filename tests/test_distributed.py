@@ -15,12 +15,21 @@ import torch
 from _children import child_env, gloo_job, requires_warm_start
 
 CHILD = Path(__file__).parents[1] / "bench" / "_distributed_child.py"
-SETTINGS = ("collectives", "fsdp2", "tp", "ddp")
+# One job per model wrapping: a process serves a code object the entries of one key, so tensor
+# parallel compiling Stack.forward after FSDP2 in the same process would compile it again.
+JOBS = (("collectives", "fsdp2", "ddp"), ("tp",))
 
 
 def _job(root: Path, run: str) -> list[dict]:
-    return gloo_job([CHILD, "--small", "inductor", *SETTINGS], lambda rank, port: child_env(
-        root / f"{run}-{rank}", drop=("STABLEGUARDS_",), TORCHDYNAMO_STABLE_GUARDS="1",
+    """Each of JOBS, merged per rank."""
+    ranks = [_one(root, run, settings) for settings in JOBS]
+    return [{"settings": {k: v for job in jobs for k, v in job["settings"].items()},
+             "explain": "\n".join(job["explain"] for job in jobs)} for jobs in zip(*ranks, strict=True)]
+
+
+def _one(root: Path, run: str, settings: tuple[str, ...]) -> list[dict]:
+    return gloo_job([CHILD, "--small", "inductor", *settings], lambda rank, port: child_env(
+        root / f"{run}-{settings[0]}-{rank}", drop=("STABLEGUARDS_",), TORCHDYNAMO_STABLE_GUARDS="1",
         STABLEGUARDS_STORE=str(root / "store"), RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
         MASTER_PORT=port, OMP_NUM_THREADS="1"), cwd=CHILD.parent)
 

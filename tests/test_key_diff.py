@@ -101,3 +101,15 @@ def test_the_shared_ledger_keeps_the_most_recent_keys_newest_first(tmp_path):
     assert ledger.recent() == []
     ledger.record(KeyRecord.from_debug_lines("e", []))  # and it starts again
     assert [r.key for r in ledger.recent()] == ["e"]
+
+
+def test_components_that_print_the_same_are_said_to_and_a_key_with_none_differing_says_where_it_differs():
+    from stableguards.events import EVENTS
+    from stableguards.keys import messages
+
+    new = KeyRecord.from_debug_lines("new", ["[1] a: x", "[2] b: same", "[3] c: same"])
+    old = KeyRecord.from_debug_lines("old", ["[9] a: y", "[8] b: same", "[3] c: same"])
+    assert differences(new, old) == ["a: y -> x", "1 more whose hashes differ but that print the same (b)"]
+    EVENTS.reset()
+    messages.fx_cache_miss("k" * 20, "n" * 20, [])
+    assert "the same components as inductor prints them" in EVENTS.explain()

@@ -3,8 +3,8 @@ place in its job into their graphs.
 
 Hypothesis draws functions from a small grammar: a value Dynamo folds into the graph without a
 guard (``get_rank()``, ``get_world_size()``, ``is_initialized()``, a process group's ranks and
-its ``rank()``,
-whether CUDA is there; or a plain constant), one or two of them summed, computed in the frame
+its ``rank()``, a device mesh's rank, local rank, coordinate and size, whether CUDA is there; or
+a plain constant), one or two of them summed, computed in the frame
 or in a helper Dynamo inlines, and used to scale, shift, branch or slice.  Two gloo ranks
 (CPU), each with an empty cache dir of its own, share one store: cold, then warm, then warm
 again after every per-rank entry in the store was replaced by rank 0's (a store that lies).
@@ -44,6 +44,12 @@ FOLDS = {
     "place_in_group": ("dist.get_process_group_ranks(dist.group.WORLD).index(dist.get_rank())", True),
     "group_rank": ("dist.group.WORLD.rank()", True),  # a member Dynamo folds on the real group
     "cuda": ("int(torch.cuda.is_available())", False),
+    # A device mesh over the world (MESH, made by the child): members torch evaluates on the real
+    # mesh and folds without a guard.
+    "mesh_rank": ("MESH.get_rank()", True),
+    "mesh_local_rank": ("MESH.get_local_rank()", True),
+    "mesh_coordinate": ("MESH.get_coordinate()[0]", True),
+    "mesh_size": ("MESH.size()", False),
     "constant": ("1", False),
 }
 USES = {
@@ -111,9 +117,11 @@ def test_no_rank_is_served_another_ranks_code(batch_index, tmp_path_factory):
     batch = draw(cases(), CASES, seed, tries=6)
     # Always one case that folds a group's rank() alone: nothing else keeps its entry per rank.
     batch.append(Case(name=f"case{len(batch)}", folds=("group_rank",), use="scale", helper=False))
+    # And one that reads a device mesh's coordinate alone: torch folds the mesh's members unguarded.
+    batch.append(Case(name=f"case{len(batch)}", folds=("mesh_coordinate",), use="shift", helper=False))
     root = tmp_path_factory.mktemp("ranks")
     (root / "src").mkdir()
-    (root / "src" / "rank_cases.py").write_text("import torch\nimport torch.distributed as dist\n\n\n"
+    (root / "src" / "rank_cases.py").write_text("import torch\nimport torch.distributed as dist\n\nMESH = None\n\n\n"
                                                 + "\n\n".join(c.source() for c in batch))
     names = [c.name for c in batch]
     print(f"seed {seed}: {batch}")  # shown if anything below fails

@@ -84,9 +84,14 @@ def nearest(record: KeyRecord, candidates: Iterable[KeyRecord]) -> KeyRecord | N
 
 
 def differences(new: KeyRecord, old: KeyRecord) -> list[str]:
-    """What differs, one line per component, showing the first differing line of long values."""
+    """What differs, one line per component, showing the first differing line of long values;
+    components whose hashes differ but print the same come last, said so, in one line."""
+    differing = sorted(new.hashes.differing(old.hashes))
+    printed = [n for n in differing if old.values.get(n, _ABSENT) != new.values.get(n, _ABSENT)]
+    alike = [n for n in differing if n not in printed]
     return [f"{name}: {_first_difference(old.values.get(name, _ABSENT), new.values.get(name, _ABSENT))}"
-            for name in sorted(new.hashes.differing(old.hashes))]
+            for name in printed] + ([f"{len(alike)} more whose hashes differ but that print the same ("
+                                     f"{', '.join(alike[:3])}{', ...' if len(alike) > 3 else ''})"] if alike else [])
 
 
 def _first_difference(old: str, new: str) -> str:

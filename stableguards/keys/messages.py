@@ -16,9 +16,14 @@ def fx_cache_miss(key: str, nearest: str | None, differences: list[str]) -> None
     EVENTS.count("fx_cache_misses")
     if nearest is None:
         return  # nothing recorded to compare with: a cold cache says nothing useful
+    if not differences:
+        EVENTS.note(f"FX-graph cache miss for key {key[:12]}: the closest recorded key {nearest[:12]} has the same "
+                    f"components as inductor prints them: what differs is hashed outside them (a value torch "
+                    f"pickles into the key but not into its debug lines)")
+        return
     shown = "; ".join(differences[:6]) + (f"; and {len(differences) - 6} more" if len(differences) > 6 else "")
     EVENTS.note(f"FX-graph cache miss for key {key[:12]}: the closest recorded key {nearest[:12]} differs in "
-                f"{len(differences)} component(s): {shown}")
+                f"{shown}")
 
 
 def operator_bypass(why: str) -> None:

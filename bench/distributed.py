@@ -5,8 +5,9 @@ Each rank is a process of a gloo process group (CPU) with its own empty local ca
 its own machine; flag on, the ranks share one store (STABLEGUARDS_STORE: a directory, or with
 ``--redis`` a redis-server started here on a free loopback port).  bench/_distributed_child.py
 runs each setting in a job of its own: a 4-block transformer stack trained a few SGD steps
-as is (single), under DDP without and with DDPOptimizer, under FSDP2 and tensor parallel, and a
-function with collectives.  "cold": the ranks start on empty dirs; "warm": all restart.
+as is (single), under DDP without and with DDPOptimizer and with a compiled optimizer step,
+under FSDP2 (resharding after forward or not, bf16 mixed precision, activation checkpointing),
+tensor parallel and both on a 2-D mesh, and a function with collectives.  "cold": the ranks start on empty dirs; "warm": all restart.
 Each row's jobs run apart, as a restarted job's do: a process serves one code object the
 entries of one key only, so a second setting compiling the same code there would compile.
 Columns per setting and flag: frames traced per rank (max over ranks), FX/AOT cache hits,
@@ -33,7 +34,8 @@ from columns import aligned
 from fleet import fresh_store, redis_store, run_ranks
 
 HERE = Path(__file__).resolve().parent
-SETTINGS = ("single", "ddp_plain", "ddp", "fsdp2", "tp", "collectives")
+SETTINGS = ("single", "ddp_plain", "ddp", "ddp_optim", "fsdp2", "fsdp2_keep", "fsdp2_mp", "fsdp2_ac", "tp",
+            "fsdp2_tp", "collectives")
 
 
 def run_job(ranks: int, flag: str, store: str | None, dirs: list[Path], backend: str,

@@ -179,3 +179,38 @@ def identity_of_spec(spec):
     from stableguards.identity.distributed import dtensor_spec
 
     return dtensor_spec(spec)
+
+
+def test_a_forward_run_through_super_on_the_frames_module_runs_none_of_its_hooks():
+    """A block's hooks (FSDP2's) run around its forward frame, in the caller's ``__call__``.
+    Under activation checkpointing the frame runs the parent class's forward on itself
+    (``super().forward``): no hook runs there, and the frame's module keeps no hook check.
+    Its own forward run again, or the module called, keeps the check."""
+    import types
+
+    from stableguards.warm_start.hooks.proofs import _hooks_run_outside
+    from stableguards.warm_start.traced import Traced
+
+    class Parent(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+    class Child(Parent):
+        def forward(self, x):
+            return super().forward(x)
+
+    module = Child()
+
+    def self_at(name):
+        return {"self": types.SimpleNamespace(source=types.SimpleNamespace(name=name))}
+
+    def outside(*inlined):
+        traced = Traced()
+        for code, name in inlined:
+            traced.inline(code, {}, self_at(name))
+        return _hooks_run_outside("L['self']", lambda source: module, Child.forward.__code__, traced)
+
+    assert outside() and outside((Parent.forward.__code__, "L['self']"))
+    assert not outside((Child.forward.__code__, "L['self']"))  # its own forward again
+    assert not outside((torch.nn.Module._call_impl.__code__, "L['self']"))  # the module called
+    assert outside((Parent.forward.__code__, "L['self'].sub"))  # a submodule's: its own facts

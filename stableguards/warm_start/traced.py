@@ -51,6 +51,9 @@ class Traced:
     memo_keys: set[str] = field(default_factory=set)
     # Sources of modules called inside the compiled code (None: one without a source).
     called_modules: set[str | None] = field(default_factory=set)
+    # Codes of the ``forward``s run on the frame's own module (L['self']) inside the compiled
+    # code: another class's (``super().forward``) runs no hooks; its own would be a call again.
+    own_forwards: set[Any] = field(default_factory=set)
 
     def inline(self, code: Any, scope: dict, arguments: dict[str, Any]) -> None:
         """A function inlined, with its globals and its arguments (VariableTrackers)."""
@@ -58,7 +61,11 @@ class Traced:
         if code.co_name in _MODULE_CALLS and "self" in arguments:
             # A module called (or its forward run) inside the compiled code: its hooks may run there.
             source = getattr(arguments["self"], "source", None)
-            self.called_modules.add(getattr(source, "name", None) if source is not None else None)
+            name = getattr(source, "name", None) if source is not None else None
+            if code.co_name == "forward" and name == "L['self']":
+                self.own_forwards.add(code)
+            else:
+                self.called_modules.add(name)
         environ = type(os.environ)
         if code is environ.__getitem__.__code__:  # os.getenv, environ.get and `in` all come here
             key = arguments.get("key")

@@ -313,8 +313,10 @@ def _hooks_run_outside(source: str, value: Callable[[str], Any], code: Any, trac
     the compiled code never calls again: its hooks ran around the frame, in the caller's
     ``__call__``, never in the compiled code (the blocks ``fully_shard`` wraps, whose hooks
     are FSDP's state's bound methods).  A forward that calls its own module (or any module
-    without a source) keeps the check."""
-    if source != "L['self']" or source in traced.called_modules or None in traced.called_modules:
+    without a source), or runs its own forward again, keeps the check; one that runs another
+    class's forward on it (``super().forward``, as under activation checkpointing) runs no hook."""
+    if (source != "L['self']" or source in traced.called_modules or None in traced.called_modules
+            or code in traced.own_forwards):
         return False
     forward = getattr(type(_value_or_none(value, source)), "forward", None)
     return getattr(forward, "__code__", None) is code

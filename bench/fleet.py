@@ -6,8 +6,9 @@ on its own machine (bench/_fleet_child.py: a 4-layer transformer encoder, no gra
 function that folds the rank into its graph).  "cold": N ranks start together; "warm": all N
 restart, each on its own cache dir from the cold run.  Flag off is torch: every rank
 compiles.  Flag on, the ranks share one store (STABLEGUARDS_STORE: a redis-server started
-here on a free loopback port, else a directory): one rank compiles what is the same on every
-rank while the others wait for it, and each keeps its own entry for what folds its rank.
+here on a free loopback port, else a directory): no rank waits on another's lease (a rank's
+compiles run between collectives); what one rank saved first the others load, and each
+keeps its own entry for what folds its rank.
 Columns: compile s (torch.compile() and first calls, waits included) summed over ranks and of
 the slowest rank (when the job is ready), frames traced (sum), store bytes per entry.
 

@@ -3,8 +3,9 @@ cache dir, sharing one store, run one job with several settings (bench/_distribu
 --small: a 2-block transformer stack trained three SGD steps, compared with the same wrapped
 model uncompiled).  Cold, then a restart: every rank equals its uncompiled run; FSDP2 and tensor
 parallel trace nothing in the restart, compiled collectives nothing or say why; a frame DDP's graph split
-compiles is traced again and named in explain() with why.  (bench/distributed.py measures every setting,
-flag off beside on.)"""
+compiles is traced again and named in explain() with why; DDP with a compiled optimizer step
+finishes (no rank waits on a lease another rank holds across a collective) and is right.
+(bench/distributed.py measures every setting, flag off beside on.)"""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from _children import child_env, gloo_job, requires_warm_start
 CHILD = Path(__file__).parents[1] / "bench" / "_distributed_child.py"
 # One job per model wrapping: a process serves a code object the entries of one key, so tensor
 # parallel compiling Stack.forward after FSDP2 in the same process would compile it again.
-JOBS = (("collectives", "fsdp2", "ddp"), ("tp",))
+# ddp_optim after tensor parallel (it traces Stack.forward again): rank 0 holds its entry's lease
+# until its backward compiles, whose all-reduce needs rank 1; rank 1 must not wait on that lease.
+JOBS = (("collectives", "fsdp2", "ddp"), ("tp", "ddp_optim"))
 
 
 def _job(root: Path, run: str) -> list[dict]:

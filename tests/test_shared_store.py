@@ -131,12 +131,13 @@ def _ranks(tmp_path: Path, store: str, world: int, run: str) -> list[dict]:
 def test_ranks_share_what_is_the_same_and_keep_what_bakes_in_their_rank(tmp_path, store):
     """torch.distributed (gloo, CPU), 3 ranks started together, each with its own empty local
     cache dir, one store.  ``per_rank`` folds get_rank() into its graph (no guard in Dynamo):
-    each rank keeps its own entry; ``shared`` is compiled by one rank (the lease holder)
-    while the others wait for it.  A restart traces nothing."""
+    each rank keeps its own entry; ``shared`` is compiled by every rank that did not find it
+    saved, none waiting on another's lease (a rank's compiles run between collectives: the
+    holder could be waiting on it).  A restart traces nothing."""
     cold = _ranks(tmp_path, store, 3, "cold")
-    assert sum(r["traced"].count("shared") for r in cold) == 1
+    assert 1 <= sum(r["traced"].count("shared") for r in cold) <= 3
     assert sum(r["traced"].count("per_rank") for r in cold) == 3
-    assert sum(r["explain"].count("waited for it") for r in cold) >= 2
+    assert not any("waited for it" in r["explain"] for r in cold)
     warm = _ranks(tmp_path, store, 3, "warm")
     assert all(r["traced"] == [] for r in warm), [r["explain"] for r in warm]
     # Rank 1's entry replaced by rank 0's (a store that lies): the folded rank is checked

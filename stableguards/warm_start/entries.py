@@ -13,7 +13,9 @@ hook layer asks for bytes under a key and hands bytes back; what an entry is, it
   compile that ends with nothing to save says so in ``warm_start_left_out/<digest>``
   as it gives the lease back: processes that need the entry then compile at once,
   neither waiting nor taking a lease for an entry that is not coming (a process that
-  saves it after all is found first).
+  saves it after all is found first).  A rank of a distributed job never waits
+  (``in_a_job``): the holder may be another rank of the job, waiting on this one's
+  collectives.
 * The miss index: each saved key, by function, in ``warm_start_index/<function>``, so a
   process whose key finds nothing (a fresh replica included) can name the components that
   changed.  A local copy (``<cache dir>/stableguards/warm_start``) lists the functions for
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import sys
 import types
 from collections.abc import Callable
 
@@ -75,8 +78,8 @@ class Leases:
             return None
         replacing = None
         # Never wait for a lease this process holds itself (a compile of the same key under
-        # way or unsaved here, e.g. before torch._dynamo.reset()).
-        if data is None and digest not in self.held:
+        # way or unsaved here, e.g. before torch._dynamo.reset()), nor as a rank of a job.
+        if data is None and digest not in self.held and not in_a_job():
             replacing = found.wait(NAMESPACE, digest, waiting, slow)
             data = fetch(found, digest)
             if data is None and (why := _left_out(found, digest)) is not None:
@@ -160,3 +163,17 @@ def changed(key: Components, code: types.CodeType) -> list[str] | None:
 
 
 LEASES = Leases()
+
+
+def in_a_job() -> bool:
+    """Whether this process is one rank of a distributed job of several (``torch.distributed``
+    initialized, world size over 1).  Such a process never waits on a lease: its compiles run
+    between collectives, and the holder may be another rank of the job blocked in one that
+    waits for this rank (rank 0 holds an entry's lease until its backward compiles, and the
+    backward's all-reduce needs rank 1, which would wait on that lease: a hang until the lease
+    ran out).  Each rank compiles as it would with the flag off, and saves what it compiled."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return bool(dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
+    except Exception:  # noqa: BLE001 - a group being torn down: not a job to wait in
+        return False

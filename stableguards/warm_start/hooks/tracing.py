@@ -174,8 +174,23 @@ def _record_inlined(call: Any, self: Any, *args: Any, **kwargs: Any) -> None:
     traced = STATE.compiling.get().traced
     if traced is not None:
         bound = _signature(call.fn).bind(self, *args, **kwargs).arguments
-        traced.inline(bound["code"], bound["funcvar"].get_globals(), bound["symbolic_locals"])
+        traced.inline(bound["code"], bound["funcvar"].get_globals(), _through_cells(bound))
     return call(self, *args, **kwargs)
+
+
+def _through_cells(bound: dict[str, Any]) -> dict[str, Any]:
+    """The inlined function's arguments, with a ``self`` Python keeps in a cell (``_call_impl``,
+    whose nested functions read it) read out of it: the module it holds has its source, which
+    names the module called (``Traced.inline``).  A cell that cannot be read stays as it is
+    (no source: taken as a module that cannot be told)."""
+    arguments = bound["symbolic_locals"]
+    me = arguments.get("self")
+    if type(me).__name__ != "CellVariable":
+        return arguments
+    try:
+        return {**arguments, "self": bound["parent"].output.side_effects.load_cell(me)}
+    except Exception:  # noqa: BLE001 - an empty or unreadable cell: left as it is
+        return arguments
 
 
 @functools.cache

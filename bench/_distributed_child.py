@@ -5,7 +5,8 @@ a few optimizer steps, and compared with the same wrapped model run uncompiled.
     RANK=r WORLD_SIZE=n MASTER_ADDR=127.0.0.1 MASTER_PORT=p \\
         python bench/_distributed_child.py [--small] BACKEND SETTING [SETTING ...]
 
-``--small``: 2 blocks of width 32 (the tests').  Settings run one after another in one
+``--small``: 2 blocks of width 32 (the tests').  ``SG_BUCKET_MB`` sets DDP's bucket cap (1),
+``SG_MESH_DP`` the dp dim of fsdp2_tp's mesh (1: 1 x world).  Settings run one after another in one
 process group (``torch._dynamo.reset()`` between them):
 single, ddp_plain (``optimize_ddp=False``), ddp (DDPOptimizer), fsdp2, tp, collectives; and
 fsdp2_keep (``reshard_after_forward=False``), fsdp2_mp (bf16 parameters, fp32 reductions),
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -70,7 +72,7 @@ def _ddp(model: torch.nn.Module) -> torch.nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     # 1 MB (DDPOptimizer's smallest: its first bucket's cap): several buckets, several graphs.
-    return DistributedDataParallel(model, bucket_cap_mb=1)
+    return DistributedDataParallel(model, bucket_cap_mb=float(os.environ.get("SG_BUCKET_MB", "1")))
 
 
 class Checkpointed(Block):
@@ -115,7 +117,8 @@ def _tp(model: Stack, mesh: object = None) -> torch.nn.Module:
 def _fsdp2_tp(model: Stack) -> torch.nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (1, dist.get_world_size()), mesh_dim_names=("dp", "tp"))
+    dp = int(os.environ.get("SG_MESH_DP", "1"))  # the dp dim's size; tp takes the rest
+    mesh = init_device_mesh("cpu", (dp, dist.get_world_size() // dp), mesh_dim_names=("dp", "tp"))
     return _fsdp2(_tp(model, mesh["tp"]), mesh["dp"])
 
 

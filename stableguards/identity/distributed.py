@@ -139,12 +139,16 @@ def device_mesh(mesh: Any) -> str | None:
     if qualified(type(mesh)) != DEVICE_MESH:
         return None
     c10d = sys.modules["torch.distributed.distributed_c10d"]
-    groups = [process_group(c10d._resolve_process_group(name)) for name in getattr(mesh, "_dim_group_names", ())]
-    if None in groups:
+    try:
+        groups = [process_group(c10d._resolve_process_group(name)) for name in getattr(mesh, "_dim_group_names", ())]
+        current = mesh._thread_id is not None and mesh._thread_id == threading.get_ident()
+        # Newer torch compares the rank order too; an older mesh has none (None).
+        described = (f"device_mesh({mesh._device_type}:ranks={list(mesh._flatten_rank_map)}:layout={mesh._layout!r}:"
+                     f"names={mesh._mesh_dim_names}:thread={'current' if current else mesh._thread_id}:"
+                     f"rank_order={getattr(mesh, '_preserve_rank_order', None)}:groups={groups})")
+    except Exception:  # noqa: BLE001 - a torch whose mesh keeps these otherwise, a group gone: no identity
         return None
-    thread = "current" if mesh._thread_id is not None and mesh._thread_id == threading.get_ident() else mesh._thread_id
-    return (f"device_mesh({mesh._device_type}:ranks={list(mesh._flatten_rank_map)}:layout={mesh._layout!r}:"
-            f"names={mesh._mesh_dim_names}:thread={thread}:rank_order={mesh._preserve_rank_order}:groups={groups})")
+    return None if None in groups else described
 
 
 def dtensor_spec(spec: Any) -> str | None:

@@ -167,7 +167,7 @@ class Identities:
             # A bare object() carries no state: a sentinel (a default argument `missing`),
             # which code only compares by identity, within one process.
             return "object()"
-        if type_name(obj) in BY_REPR or (type_name(obj) in PLACEMENTS and not vars(obj)):
+        if type_name(obj) in BY_REPR or (type_name(obj) in PLACEMENTS and not getattr(obj, "__dict__", None)):
             return f"{type_name(obj)}:{obj!r}"
         if kind in (tuple, list, frozenset, set):
             parts = self._all(obj)

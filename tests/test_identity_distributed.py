@@ -214,3 +214,24 @@ def test_a_forward_run_through_super_on_the_frames_module_runs_none_of_its_hooks
     assert not outside((Child.forward.__code__, "L['self']"))  # its own forward again
     assert not outside((torch.nn.Module._call_impl.__code__, "L['self']"))  # the module called
     assert outside((Parent.forward.__code__, "L['self'].sub"))  # a submodule's: its own facts
+
+
+def test_a_module_kept_in_a_cell_is_told_by_the_module_the_cell_holds():
+    """``_call_impl`` keeps ``self`` in a cell (its nested functions read it): the module called
+    is the cell's, with its source; a cell that cannot be read stays a module without one."""
+    import types
+
+    from stableguards.warm_start.hooks.tracing import _through_cells
+
+    class CellVariable:  # Dynamo's tracker of a cell, by name
+        pass
+
+    cell, module = CellVariable(), types.SimpleNamespace(source=types.SimpleNamespace(name="L['self'].q"))
+    cells = {id(cell): module}
+    parent = types.SimpleNamespace(output=types.SimpleNamespace(side_effects=types.SimpleNamespace(
+        load_cell=lambda c: cells[id(c)])))
+    assert _through_cells({"symbolic_locals": {"self": cell, "x": 1}, "parent": parent}) == {"self": module, "x": 1}
+    empty = CellVariable()
+    assert _through_cells({"symbolic_locals": {"self": empty}, "parent": parent})["self"] is empty
+    plain = {"self": module}
+    assert _through_cells({"symbolic_locals": plain, "parent": parent}) is plain
